@@ -1,0 +1,118 @@
+"""The algorithm interface: a NamedTuple of pure functions, built by a factory (optax style).
+
+A communication round, as the engine runs it for every sampled client i (all inside one jit):
+
+    ctx            = ClientContext(global params w, server state, client state s_i, round, ...)
+    y_i,0          = client_start(ctx, key)                  # FedInit relaxed init, FedGA
+    tx             = client_tx(ctx)                          # local optax chain: corrections,
+                                                             #   masks, schedules, SAM
+    loss           = client_loss(ctx, model_loss)            # feature-level regularizers
+    y_i,K          = K steps of tx on grad(loss)
+    s_i', m_i      = client_end(ctx, y_i,0, y_i,K)
+    M              = sum_i m_i                               # a psum across devices
+    w', server'    = server_update(w, server state, M, round)
+
+Messages are SUMMED over the cohort, so a client scales its own message: ``ctx.weight`` is its
+aggregation weight p_i (example-count or uniform, summing to 1 over the cohort), and
+``ctx.cohort_size`` lets an algorithm take an unweighted mean instead. Per-client state lives in the
+engine's state stacked over all clients; a stateless algorithm uses ``()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Params = Any
+LossFn = Callable[..., jax.Array]  # loss_fn(params, x, y, mask, rng) -> scalar
+
+
+class ClientContext(NamedTuple):
+    """What a sampled client knows during a round (all leaves are traced arrays)."""
+
+    params: Params            # the broadcast global model w^t
+    server_state: Any         # the server's state (e.g. SCAFFOLD's c), read-only for clients
+    client_state: Any         # this client's own state s_i (``()`` when stateless)
+    round: jax.Array          # shape=(), int32: t
+    client_id: jax.Array      # shape=(), int32: i
+    weight: jax.Array         # shape=(), float: p_i, sums to 1 over the cohort
+    cohort_size: int          # |S^t| (static)
+    num_examples: jax.Array   # shape=(), int32: n_i
+    num_steps: jax.Array      # shape=(), int32: local steps client i takes this round
+    steps_per_epoch: jax.Array  # shape=(), int32: ceil(n_i / batch size)
+
+
+class Algorithm(NamedTuple):
+    """A federated algorithm. Build one with a factory (``fedavg(...)``); never subclass."""
+
+    name: str
+    server_init: Callable[[Params], Any]
+    client_init: Callable[[Params], Any]
+    client_start: Callable[[ClientContext, jax.Array], Params]
+    client_tx: Callable[[ClientContext], optax.GradientTransformation]
+    client_loss: Callable[[ClientContext, LossFn], LossFn]
+    client_end: Callable[[ClientContext, Params, Params], tuple[Any, Any]]
+    server_update: Callable[[Params, Any, Any, jax.Array], tuple[Params, Any]]
+
+
+ClientOptimizer = Callable[[jax.Array], optax.GradientTransformation]
+
+
+def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float = 0.0,
+              weight_decay: float = 0.0, clip_norm: float | None = None) -> ClientOptimizer:
+    """The local optimizer of the reference code, as a function of the round t.
+
+    Per step: g <- clip(g, clip_norm); g <- g + weight_decay * y; torch-style momentum buffer;
+    y <- y - lr * round_decay**t * g. Clipping comes before weight decay, as torch's
+    ``clip_grad_norm_`` + ``SGD(weight_decay=...)`` do.
+    """
+
+    def make(round_index: jax.Array) -> optax.GradientTransformation:
+        lr = learning_rate * jnp.asarray(round_decay, jnp.float32) ** round_index
+        parts = []
+        if clip_norm is not None:
+            parts.append(optax.clip_by_global_norm(clip_norm))
+        if weight_decay:
+            parts.append(optax.add_decayed_weights(weight_decay))
+        parts.append(optax.sgd(lr, momentum=momentum or None))
+        return optax.chain(*parts)
+
+    return make
+
+
+def as_client_optimizer(opt: optax.GradientTransformation | ClientOptimizer) -> ClientOptimizer:
+    """Accept a fixed optax transformation or a function of the round."""
+    if isinstance(opt, optax.GradientTransformation):
+        return lambda round_index: opt
+    return opt
+
+
+def tree_scale(scalar: jax.Array, tree: Params) -> Params:
+    """scalar * tree, keeping each leaf's dtype."""
+    return jax.tree.map(lambda x: (scalar * x).astype(x.dtype), tree)
+
+
+def tree_sub(a: Params, b: Params) -> Params:
+    """a - b leafwise."""
+    return jax.tree.map(jnp.subtract, a, b)
+
+
+def identity_start(ctx: ClientContext, key: jax.Array) -> Params:
+    """Start local training from the broadcast model: y_i,0 = w."""
+    del key
+    return ctx.params
+
+
+def identity_loss(ctx: ClientContext, loss_fn: LossFn) -> LossFn:
+    """Train on the model's loss unchanged."""
+    del ctx
+    return loss_fn
+
+
+def no_client_state(params: Params) -> tuple:
+    """Stateless clients."""
+    del params
+    return ()

@@ -1,0 +1,39 @@
+"""Which examples a client uses at each local step, as pure functions of a key (inside jit).
+
+Local data is read in epochs, each a fresh random order of the client's n_i examples split into
+ceil(n_i / B) batches, the last one smaller (PyTorch's ``DataLoader(shuffle=True, drop_last=False)``):
+a padded slot carries mask 0. Step k of a client reads batch k mod ceil(n_i/B) of epoch
+floor(k / ceil(n_i/B)), so a fixed number of steps K and a number of epochs E are the same loop.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def steps_per_epoch(count: jax.Array, batch_size: int) -> jax.Array:
+    """ceil(n_i / B)."""
+    return (count + batch_size - 1) // batch_size
+
+
+def epoch_order(key: jax.Array, count: jax.Array, max_count: int) -> jax.Array:
+    """A random permutation of [0, n_i) in the first n_i of ``max_count`` entries."""
+    noise = jax.random.uniform(key, (max_count,))
+    noise = jnp.where(jnp.arange(max_count) < count, noise, 2.0)
+    return jnp.argsort(noise)
+
+
+def client_batch(key: jax.Array, count: jax.Array, step: jax.Array, batch_size: int,
+                 max_count: int) -> tuple[jax.Array, jax.Array]:
+    """Positions in the client's data for local step ``step``, and their validity mask.
+
+    Returns ``(positions [B] int32, mask [B] bool)``; positions index ``0..n_i-1``.
+    """
+    per_epoch = steps_per_epoch(count, batch_size)
+    epoch, within = step // per_epoch, step % per_epoch
+    order = epoch_order(jax.random.fold_in(key, epoch), count, max_count)
+    slots = within * batch_size + jnp.arange(batch_size)
+    mask = slots < count
+    positions = order[jnp.minimum(slots, max_count - 1)]
+    return positions.astype(jnp.int32), mask

@@ -1,0 +1,67 @@
+"""Federated data on device: examples stored once, clients as (offset, count) into an index.
+
+``x``/``y`` hold the dataset's examples once. ``index`` lists, client after client, the example
+ids each client holds (a split with replacement may list an example under several clients without
+copying it); client i holds ``index[offset[i] : offset[i] + count[i]]``. Nothing is padded to the
+largest client.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fljax.errors import FljaxError
+
+
+class FederatedData(NamedTuple):
+    x: jax.Array       # [N, ...] float32 examples
+    y: jax.Array       # [N] int32 labels
+    index: jax.Array   # [sum_i n_i] int32 example ids, clients contiguous
+    offset: jax.Array  # [C] int32 start of each client in ``index``
+    count: jax.Array   # [C] int32 n_i
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.count.shape[0])
+
+    def client_indices(self, client: int) -> np.ndarray:
+        """Example ids of one client (host-side, for inspection and references)."""
+        start = int(self.offset[client])
+        return np.asarray(self.index[start:start + int(self.count[client])])
+
+
+def federate(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray],
+             num_classes: int | None = None) -> FederatedData:
+    """Put examples and a partition (one index array per client) on device, checking both."""
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if x.ndim < 2:
+        raise FljaxError(f"features must have shape [N, ...] with at least 2 dims, got {x.shape}")
+    if y.ndim != 1 or y.shape[0] != x.shape[0]:
+        raise FljaxError(f"labels must have shape [{x.shape[0]}] to match features, got {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise FljaxError(f"labels must be integers, got dtype {y.dtype}")
+    if y.size and (y.min() < 0 or (num_classes is not None and y.max() >= num_classes)):
+        raise FljaxError(f"labels must lie in [0, {num_classes}), got range "
+                         f"[{y.min()}, {y.max()}]")
+    if not np.all(np.isfinite(x)):
+        raise FljaxError(f"features contain {int((~np.isfinite(x)).sum())} NaN or Inf values")
+    if len(parts) == 0:
+        raise FljaxError("the partition has no clients")
+    counts = np.array([len(p) for p in parts], np.int64)
+    if counts.min() == 0:
+        empty = np.flatnonzero(counts == 0)
+        raise FljaxError(f"the partition leaves {len(empty)} client(s) empty (first: client "
+                         f"{int(empty[0])}); use fewer clients or a larger min_size")
+    index = np.concatenate([np.asarray(p, np.int64) for p in parts])
+    if index.min() < 0 or index.max() >= x.shape[0]:
+        raise FljaxError(f"partition indices must lie in [0, {x.shape[0]}), got range "
+                         f"[{index.min()}, {index.max()}]")
+    offset = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return FederatedData(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32),
+                         index=jnp.asarray(index, jnp.int32), offset=jnp.asarray(offset, jnp.int32),
+                         count=jnp.asarray(counts, jnp.int32))

@@ -1,0 +1,250 @@
+"""One communication round as ONE compiled XLA program.
+
+``round_fn = make_round(algorithm, model, data, ...)``; ``state, metrics = round_fn(state)``.
+Inside the program: the cohort is sampled, each sampled client's state is gathered, every client runs
+its local steps as a ``lax.scan``, clients run side by side (``vmap``), one after another
+(``lax.scan`` over clients) or in chunks of ``client_chunk``, and over several devices the cohort is
+split across a device mesh (``shard_map``; messages are ``psum``-ed). Then the server update and the
+scatter of client states. The state is donated; randomness is ``fold_in(key, round)``, so a resumed
+run repeats an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fljax.algorithms.base import Algorithm, ClientContext, Params
+from fljax.data.batching import client_batch, steps_per_epoch
+from fljax.data.federated import FederatedData
+from fljax.errors import FljaxError
+from fljax.models.model import Model, cross_entropy
+
+AGGREGATIONS = ("examples", "uniform")
+
+
+class RoundState(NamedTuple):
+    round: jax.Array      # shape=(), int32: rounds done so far
+    key: jax.Array        # shape=(2,), uint32: the experiment's root key
+    params: Params        # global model w^t
+    server_state: Any
+    client_states: Any    # every client's state, stacked on a leading axis of num_clients
+
+
+def init_state(algorithm: Algorithm, params: Params, num_clients: int, seed: int) -> RoundState:
+    """Round 0: the server's and every client's initial state."""
+    client_state = algorithm.client_init(params)
+    stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)).copy(),
+                           client_state)
+    return RoundState(round=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(seed), params=params,
+                      server_state=algorithm.server_init(params), client_states=stacked)
+
+
+def round_key(key: jax.Array, round_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cohort key, client key) of round t, derived from the root key only."""
+    sample_key, client_key = jax.random.split(jax.random.fold_in(key, round_index))
+    return sample_key, client_key
+
+
+def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
+    """A uniformly random set of ``cohort_size`` distinct client ids, ascending."""
+    return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
+
+
+def cohort_weights(counts: jax.Array, aggregation: str, dtype) -> jax.Array:
+    """p_i: n_i / sum_S n_j ('examples') or 1/|S| ('uniform')."""
+    if aggregation == "uniform":
+        return jnp.full(counts.shape, 1.0 / counts.shape[0], dtype)
+    counts = counts.astype(dtype)
+    return counts / counts.sum()
+
+
+def _map_sum(fn, inputs, chunk: int):
+    """Apply ``fn`` to each row of ``inputs`` in chunks of ``chunk`` rows (vmap inside a scan over
+    chunks); return (stacked first outputs, SUM over rows of the second output, stacked third)."""
+    rows = jax.tree.leaves(inputs)[0].shape[0]
+    one = jax.tree.map(lambda a: a[0], inputs)
+    _, msg_shape, _ = jax.eval_shape(fn, *one)
+    total = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), msg_shape)
+    per_chunk = (lambda *xs: fn(*xs)) if chunk == 1 else jax.vmap(fn)
+
+    def body(acc, xs):
+        if chunk == 1:
+            xs = jax.tree.map(lambda a: a[0], xs)
+        state, msg, metrics = per_chunk(*xs)
+        if chunk == 1:
+            state, metrics = jax.tree.map(lambda a: a[None], (state, metrics))
+        else:
+            msg = jax.tree.map(lambda a: a.sum(axis=0), msg)
+        return jax.tree.map(jnp.add, acc, msg), (state, metrics)
+
+    chunks = jax.tree.map(lambda a: a.reshape(rows // chunk, chunk, *a.shape[1:]), inputs)
+    total, (states, metrics) = jax.lax.scan(body, total, chunks)
+    unchunk = lambda a: a.reshape(rows, *a.shape[2:])
+    return jax.tree.map(unchunk, states), total, jax.tree.map(unchunk, metrics)
+
+
+class RoundFunction:
+    """``state, metrics = round_fn(state)``: a jitted, state-donating communication round."""
+
+    def __init__(self, jitted, data: FederatedData, mesh: Mesh | None):
+        self._jitted = jitted
+        self._data = data
+        self.mesh = mesh
+
+    def __call__(self, state: RoundState) -> tuple[RoundState, dict]:
+        return self._jitted(state, self._data)
+
+    def place(self, state: RoundState) -> RoundState:
+        """Put a state where the round expects it (replicated over the mesh, if any)."""
+        if self.mesh is None:
+            return state
+        return jax.device_put(state, NamedSharding(self.mesh, P()))
+
+    def compilations(self) -> int:
+        """How many programs the round has compiled so far (1 after any number of calls)."""
+        return self._jitted._cache_size()
+
+
+def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clients_per_round: int,
+               batch_size: int | None, local_steps: int | None = None,
+               local_epochs: int | None = None, aggregation: str = "examples",
+               client_chunk: int | None = None, num_devices: int = 1,
+               augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None) -> RoundFunction:
+    """Compile-ready round of ``algorithm`` training ``model`` on ``data``.
+
+    Local work is exactly one of ``local_steps`` (K steps) or ``local_epochs`` (E passes, i.e.
+    E*ceil(n_i/B) steps for client i; clients with fewer steps mask the rest). ``batch_size=None``
+    is the full local dataset (FedSGD). ``client_chunk`` clients run side by side (vmap) at a time:
+    1 is a sequential scan over clients (fastest on CPU), ``clients_per_round / num_devices`` is a
+    full vmap (GPU); default: 1 on CPU, all on GPU. ``num_devices`` > 1 splits the cohort over
+    that many devices. ``augment(key, x) -> x`` transforms each training batch.
+    """
+    num_clients = data.num_clients
+    counts = np.asarray(data.count)
+    max_count = int(counts.max())
+    batch = max_count if batch_size is None else batch_size
+    _check_round_args(num_clients, clients_per_round, batch, local_steps, local_epochs,
+                      aggregation, num_devices)
+    if local_steps is not None:
+        max_steps = local_steps
+    else:
+        max_steps = local_epochs * int(np.max((counts + batch - 1) // batch))
+    per_device = clients_per_round // num_devices
+    if client_chunk is None:
+        client_chunk = 1 if jax.default_backend() == "cpu" else per_device
+    if client_chunk < 1 or per_device % client_chunk:
+        raise FljaxError(f"client_chunk must divide the clients per device ({per_device}), got "
+                         f"{client_chunk}")
+
+    def model_loss(params, x, y, mask, rng):
+        return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
+
+    def one_client(client_id, client_state, weight, params, server_state, round_index, key,
+                   data: FederatedData):
+        count = data.count[client_id]
+        offset = data.offset[client_id]
+        per_epoch = steps_per_epoch(count, batch)
+        num_steps = local_steps if local_steps is not None else local_epochs * per_epoch
+        num_steps = jnp.asarray(num_steps, jnp.int32)
+        ctx = ClientContext(params=params, server_state=server_state, client_state=client_state,
+                            round=round_index, client_id=client_id, weight=weight,
+                            cohort_size=clients_per_round, num_examples=count,
+                            num_steps=num_steps, steps_per_epoch=per_epoch)
+        key = jax.random.fold_in(key, client_id)
+        start_key, batch_key, step_key = jax.random.split(key, 3)
+        start = algorithm.client_start(ctx, start_key)
+        tx = algorithm.client_tx(ctx)
+        loss_fn = algorithm.client_loss(ctx, model_loss)
+        grad_fn = jax.value_and_grad(loss_fn)
+
+        def step(carry, k):
+            local, opt_state = carry
+            positions, mask = client_batch(batch_key, count, k, batch, max_count)
+            ids = data.index[offset + positions]
+            x, y = data.x[ids], data.y[ids]
+            rng = jax.random.fold_in(step_key, k)
+            if augment is not None:
+                x = augment(jax.random.fold_in(rng, 1), x)
+            loss, grads = grad_fn(local, x, y, mask, rng)
+            updates, new_opt_state = tx.update(grads, opt_state, local)
+            new_local = optax.apply_updates(local, updates)
+            active = k < num_steps
+            keep = lambda new, old: jnp.where(active, new, old)
+            carry = (jax.tree.map(keep, new_local, local), jax.tree.map(keep, new_opt_state,
+                                                                        opt_state))
+            return carry, jnp.where(active, loss, 0.0)
+
+        (end, _), losses = jax.lax.scan(step, (start, tx.init(start)), jnp.arange(max_steps))
+        new_state, message = algorithm.client_end(ctx, start, end)
+        metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps}
+        return new_state, message, metrics
+
+    def run_clients(ids, states, weights, params, server_state, round_index, key, data):
+        fn = functools.partial(one_client, params=params, server_state=server_state,
+                               round_index=round_index, key=key, data=data)
+        new_states, message_sum, metrics = _map_sum(fn, (ids, states, weights), client_chunk)
+        if num_devices > 1:
+            message_sum = jax.lax.psum(message_sum, "clients")
+        return new_states, message_sum, metrics
+
+    mesh = None
+    if num_devices > 1:
+        mesh = Mesh(np.array(jax.devices()[:num_devices]), ("clients",))
+        run_clients = jax.shard_map(
+            run_clients, mesh=mesh,
+            in_specs=(P("clients"), P("clients"), P("clients"), P(), P(), P(), P(), P()),
+            out_specs=(P("clients"), P(), P("clients")), check_vma=False)
+
+    def round_fn(state: RoundState, data: FederatedData):
+        sample_key, client_key = round_key(state.key, state.round)
+        cohort = sample_cohort(sample_key, num_clients, clients_per_round)
+        dtype = jax.tree.leaves(state.params)[0].dtype
+        weights = cohort_weights(data.count[cohort], aggregation, dtype)
+        states = jax.tree.map(lambda a: a[cohort], state.client_states)
+        new_states, message, metrics = run_clients(cohort, states, weights, state.params,
+                                                   state.server_state, state.round, client_key,
+                                                   data)
+        params, server_state = algorithm.server_update(state.params, state.server_state, message,
+                                                       state.round)
+        client_states = jax.tree.map(lambda a, new: a.at[cohort].set(new), state.client_states,
+                                     new_states)
+        new_state = RoundState(round=state.round + 1, key=state.key, params=params,
+                               server_state=server_state, client_states=client_states)
+        round_metrics = {"train_loss": jnp.sum(weights * metrics["loss"]), "clients": cohort,
+                         "client_loss": metrics["loss"], "client_steps": metrics["steps"]}
+        return new_state, round_metrics
+
+    if mesh is not None:
+        data = jax.device_put(data, NamedSharding(mesh, P()))
+    return RoundFunction(jax.jit(round_fn, donate_argnums=0), data, mesh)
+
+
+def _check_round_args(num_clients, clients_per_round, batch, local_steps, local_epochs,
+                      aggregation, num_devices):
+    if not 1 <= clients_per_round <= num_clients:
+        raise FljaxError(f"clients_per_round must be in [1, {num_clients}] (the number of "
+                         f"clients), got {clients_per_round}")
+    if batch < 1:
+        raise FljaxError(f"batch_size must be >= 1 or None (full batch), got {batch}")
+    if (local_steps is None) == (local_epochs is None):
+        raise FljaxError("give exactly one of local_steps and local_epochs, got "
+                         f"local_steps={local_steps}, local_epochs={local_epochs}")
+    if (local_steps if local_steps is not None else local_epochs) < 1:
+        raise FljaxError(f"local_steps / local_epochs must be >= 1, got "
+                         f"{local_steps if local_steps is not None else local_epochs}")
+    if aggregation not in AGGREGATIONS:
+        raise FljaxError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    available = len(jax.devices())
+    if not 1 <= num_devices <= available:
+        raise FljaxError(f"num_devices must be in [1, {available}] (devices available), got "
+                         f"{num_devices}")
+    if clients_per_round % num_devices:
+        raise FljaxError(f"clients_per_round ({clients_per_round}) must be a multiple of "
+                         f"num_devices ({num_devices})")
