@@ -52,6 +52,12 @@ def round_key(key: jax.Array, round_index: jax.Array) -> tuple[jax.Array, jax.Ar
     return sample_key, client_key
 
 
+def client_keys(client_key: jax.Array, client_id: jax.Array) -> jax.Array:
+    """(start, batch, step) keys of one client in a round: depend on the client id, not on the
+    client's slot in the cohort or the device it runs on."""
+    return jax.random.split(jax.random.fold_in(client_key, client_id), 3)
+
+
 def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
     """A uniformly random set of ``cohort_size`` distinct client ids, ascending."""
     return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
@@ -157,8 +163,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                             round=round_index, client_id=client_id, weight=weight,
                             cohort_size=clients_per_round, num_examples=count,
                             num_steps=num_steps, steps_per_epoch=per_epoch)
-        key = jax.random.fold_in(key, client_id)
-        start_key, batch_key, step_key = jax.random.split(key, 3)
+        start_key, batch_key, step_key = client_keys(key, client_id)
         start = algorithm.client_start(ctx, start_key)
         tx = algorithm.client_tx(ctx)
         loss_fn = algorithm.client_loss(ctx, model_loss)

@@ -71,7 +71,7 @@ def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float
     """
 
     def make(round_index: jax.Array) -> optax.GradientTransformation:
-        lr = learning_rate * jnp.asarray(round_decay, jnp.float32) ** round_index
+        lr = learning_rate * round_decay ** round_index
         parts = []
         if clip_norm is not None:
             parts.append(optax.clip_by_global_norm(clip_norm))

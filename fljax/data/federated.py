@@ -18,7 +18,7 @@ from fljax.errors import FljaxError
 
 
 class FederatedData(NamedTuple):
-    x: jax.Array       # [N, ...] float32 examples
+    x: jax.Array       # [N, ...] float32 examples (float64 under jax_enable_x64)
     y: jax.Array       # [N] int32 labels
     index: jax.Array   # [sum_i n_i] int32 example ids, clients contiguous
     offset: jax.Array  # [C] int32 start of each client in ``index``
@@ -62,6 +62,7 @@ def federate(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray],
         raise FljaxError(f"partition indices must lie in [0, {x.shape[0]}), got range "
                          f"[{index.min()}, {index.max()}]")
     offset = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return FederatedData(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32),
+    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64 is on
+    return FederatedData(x=jnp.asarray(x, float_dtype), y=jnp.asarray(y, jnp.int32),
                          index=jnp.asarray(index, jnp.int32), offset=jnp.asarray(offset, jnp.int32),
                          count=jnp.asarray(counts, jnp.int32))

@@ -1,0 +1,162 @@
+"""The experiment configuration read by the CLI and experiment scripts (library code never reads it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import optax
+
+from fljax.errors import FljaxError
+
+PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes")
+ALGORITHMS = ("fedavg", "fedsgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """Every knob of one federated experiment. Defaults: the README's main job."""
+
+    # data
+    dataset: str = "digits"            # 'digits' (embedded) or a prepared tfds name
+    data_dir: str | None = None        # tfds data_dir (required for tfds datasets)
+    partition: str = "dirichlet"       # one of PARTITIONS
+    alpha: float = 0.3                 # Dirichlet concentration
+    min_size: int = 10                 # 'dirichlet': minimum examples per client
+    replacement: bool = False          # 'dirichlet_balanced': sample with replacement (FedInit)
+    classes_per_client: int = 2        # 'classes'
+    num_clients: int = 20
+    # model
+    model: str = "mlp"
+    conv_impl: str | None = None       # 'im2col' | 'xla'; default per backend
+    # algorithm
+    algorithm: str = "fedavg"          # one of ALGORITHMS
+    server_optimizer: str = "sgd"      # any optax optimizer taking learning_rate (sgd, adam, ...)
+    server_optimizer_args: str = "{}"  # JSON kwargs for it, e.g. '{"momentum": 0.9}' for FedAvgM
+    server_lr: float = 1.0
+    lr: float = 0.05                   # local learning rate
+    lr_decay: float = 1.0              # per-round local lr decay: lr * lr_decay**t
+    momentum: float = 0.0              # local SGD momentum
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    aggregation: str = "examples"      # 'examples' | 'uniform'
+    # rounds
+    rounds: int = 60
+    clients_per_round: int = 10
+    local_steps: int | None = None     # exactly one of local_steps / local_epochs
+    local_epochs: int | None = 2
+    batch_size: int = 16               # 0 = the whole local dataset
+    # runner
+    eval_every: int = 5
+    seed: int = 0
+    out_dir: str = "runs/digits_fedavg"
+    client_chunk: int | None = None
+    num_devices: int = 1
+
+    def validate(self) -> "ExperimentConfig":
+        """Raise FljaxError naming the first bad value; return self when all are allowed."""
+        positive = dict(num_clients=self.num_clients, clients_per_round=self.clients_per_round,
+                        rounds=self.rounds, eval_every=self.eval_every,
+                        num_devices=self.num_devices)
+        for name, value in positive.items():
+            if not isinstance(value, int) or value < 1:
+                raise FljaxError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.lr <= 0:
+            raise FljaxError(f"lr must be > 0, got {self.lr}")
+        if self.server_lr <= 0:
+            raise FljaxError(f"server_lr must be > 0, got {self.server_lr}")
+        if not 0 < self.lr_decay <= 1:
+            raise FljaxError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        if self.momentum < 0 or self.momentum >= 1:
+            raise FljaxError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise FljaxError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.clip_norm is not None and self.clip_norm <= 0:
+            raise FljaxError(f"clip_norm must be > 0 or unset, got {self.clip_norm}")
+        if self.alpha <= 0:
+            raise FljaxError(f"alpha must be > 0, got {self.alpha}")
+        if self.batch_size < 0:
+            raise FljaxError(f"batch_size must be >= 1, or 0 for the full local dataset, got "
+                             f"{self.batch_size}")
+        if self.partition not in PARTITIONS:
+            raise FljaxError(f"partition must be one of {PARTITIONS}, got {self.partition!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise FljaxError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.clients_per_round > self.num_clients:
+            raise FljaxError(f"clients_per_round ({self.clients_per_round}) must be <= "
+                             f"num_clients ({self.num_clients})")
+        if (self.local_steps is None) == (self.local_epochs is None):
+            raise FljaxError("set exactly one of local_steps and local_epochs, got "
+                             f"local_steps={self.local_steps}, local_epochs={self.local_epochs}")
+        work = self.local_steps if self.local_steps is not None else self.local_epochs
+        if work < 1:
+            raise FljaxError(f"local_steps / local_epochs must be >= 1, got {work}")
+        self.server_optimizer_kwargs()
+        server_optimizer_factory(self.server_optimizer)
+        return self
+
+    def server_optimizer_kwargs(self) -> dict[str, Any]:
+        try:
+            kwargs = json.loads(self.server_optimizer_args)
+        except json.JSONDecodeError as e:
+            raise FljaxError(f"server_optimizer_args must be a JSON object, got "
+                             f"{self.server_optimizer_args!r} ({e.msg})") from None
+        if not isinstance(kwargs, dict):
+            raise FljaxError(f"server_optimizer_args must be a JSON object, got "
+                             f"{self.server_optimizer_args!r}")
+        return kwargs
+
+    def replace(self, **changes) -> "ExperimentConfig":
+        """A copy with ``changes``, each checked against the field's type."""
+        fields = {f.name: f.type for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - set(fields))
+        if unknown:
+            raise FljaxError(f"unknown config key(s) {unknown}; allowed: {sorted(fields)}")
+        for name, value in changes.items():
+            changes[name] = _coerce(name, fields[name], value)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(name: str, annotation: str, value: Any) -> Any:
+    """Check ``value`` against a field annotation such as 'float | None'; ints pass as floats."""
+    allowed = [t.strip() for t in annotation.split("|")]
+    if value is None and "None" in allowed:
+        return None
+    if "bool" in allowed and isinstance(value, bool):
+        return value
+    if "int" in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if "float" in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if "str" in allowed and isinstance(value, str):
+        return value
+    raise FljaxError(f"{name} must be of type {annotation}, got {value!r}")
+
+
+def server_optimizer_factory(name: str):
+    """The optax optimizer called ``name`` (big_vision style: by attribute, no registry)."""
+    factory = getattr(optax, name, None)
+    if not callable(factory) or name.startswith("_") or name in ("chain", "tree"):
+        raise FljaxError(f"unknown server optimizer {name!r}; use an optax optimizer name such "
+                         f"as 'sgd', 'adam', 'yogi', 'adagrad'")
+    return factory
+
+
+def load_config(path: str, **overrides) -> ExperimentConfig:
+    """Read a JSON config file (keys are ExperimentConfig fields), then apply ``overrides``."""
+    if not os.path.isfile(path):
+        raise FljaxError(f"config file {path!r} does not exist")
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FljaxError(f"config file {path!r} is not valid JSON: {e}") from None
+    if not isinstance(values, dict):
+        raise FljaxError(f"config file {path!r} must hold a JSON object, got "
+                         f"{type(values).__name__}")
+    return ExperimentConfig().replace(**{**values, **overrides})

@@ -1,0 +1,194 @@
+"""Centralised image-classification datasets as numpy arrays; fljax never downloads anything.
+
+* ``digits``: scikit-learn's 8x8 digits, shipped inside scikit-learn (offline, 1797 images).
+* any tensorflow-datasets name (``mnist``, ``cifar10``, ``emnist/letters`` ...): read from a
+  data directory where it was prepared beforehand in the ``array_record`` format, via
+  ``tfds.data_source`` (no tensorflow needed to read).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from fljax.errors import FljaxError
+
+_READ_CHUNK = 1024
+
+
+class Dataset(NamedTuple):
+    name: str
+    x_train: np.ndarray  # float32, [N, H, W, C]
+    y_train: np.ndarray  # int32, [N]
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+
+def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    """scikit-learn's digits as [N, 8, 8, 1] float32 in [0, 1], with a stratified seeded split."""
+    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    if not 0.0 < test_fraction < 1.0:
+        raise FljaxError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    digits = sk_load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., None]
+    y = digits.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
+    return Dataset("digits", x_train, y_train, x_test, y_test, 10)
+
+
+def _prepare_hint(name: str, data_dir: str) -> str:
+    return (
+        f"prepare it once on a machine with internet: pip install tensorflow && "
+        f"tfds build {name} --data_dir {data_dir} --file_format array_record (fljax never downloads)"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _open_split(tfds, name: str, split: str, data_dir: str):
+    """``tfds.data_source`` for one split, with every failure turned into a one-line FljaxError."""
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir, download=False, try_gcs=False)
+    except tfds.core.DatasetNotFoundError:
+        raise FljaxError(
+            f"unknown dataset {name!r}: not a tensorflow-datasets name and not found in '{data_dir}' "
+            "(names: https://www.tensorflow.org/datasets/catalog/overview, or 'digits')"
+        ) from None
+    except Exception as err:  # diagnose below: not prepared, wrong file format or bad split
+        try:
+            prepared = tfds.builder(name, data_dir=data_dir).is_prepared()
+        except Exception:
+            prepared = None
+        if prepared is False:
+            raise FljaxError(
+                f"dataset {name!r} is not prepared in '{data_dir}'; {_prepare_hint(name, data_dir)}"
+            ) from err
+        if prepared and isinstance(err, NotImplementedError):
+            raise FljaxError(
+                f"dataset {name!r} in '{data_dir}' is not in a random-access format (array_record); "
+                f"rebuild it: tfds build {name} --data_dir {data_dir} --file_format array_record"
+            ) from err
+        raise FljaxError(
+            f"cannot read split {split!r} of dataset {name!r} from '{data_dir}': {_first_line(err)}"
+        ) from err
+
+
+def _read_split(source, name: str, split: str, image_key: str, label_key: str):
+    """Read a whole data source into (images, labels), in chunks of ``_READ_CHUNK`` records."""
+    images, labels = [], []
+    batched = hasattr(source, "__getitems__")
+    for start in range(0, len(source), _READ_CHUNK):
+        keys = list(range(start, min(start + _READ_CHUNK, len(source))))
+        records: Sequence[dict] | None = None
+        if batched:
+            try:
+                records = source.__getitems__(keys)
+            except TypeError:  # e.g. tfds.testing.mock_data's __getitems__ in tfds 4.9.10
+                batched = False
+        if records is None:
+            records = [source[k] for k in keys]
+        if records and (image_key not in records[0] or label_key not in records[0]):
+            raise FljaxError(
+                f"dataset {name!r} split {split!r} has no {image_key!r}/{label_key!r} features, "
+                f"only {sorted(records[0])}; pass image_key= and label_key="
+            )
+        images.append(np.stack([np.asarray(r[image_key]) for r in records]))
+        labels.append(np.asarray([r[label_key] for r in records]))
+    if not images:
+        raise FljaxError(f"split {split!r} of dataset {name!r} is empty")
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _to_float_images(x: np.ndarray, name: str, normalize: bool) -> np.ndarray:
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.ndim != 4:
+        raise FljaxError(f"dataset {name!r} images must be [N, H, W] or [N, H, W, C], got shape {x.shape}")
+    if normalize and x.dtype == np.uint8:
+        return x.astype(np.float32) / np.float32(255.0)
+    return x.astype(np.float32)
+
+
+def load_tfds(
+    name: str,
+    *,
+    data_dir,
+    train_split: str = "train",
+    test_split: str = "test",
+    image_key: str = "image",
+    label_key: str = "label",
+    normalize: bool = True,
+) -> Dataset:
+    """Read a tensorflow-datasets dataset already prepared (array_record) in ``data_dir``.
+
+    Never downloads: a missing dataset raises FljaxError saying how to prepare it. uint8 images
+    become float32 in [0, 1] when ``normalize``; [N, H, W] images get a channel axis.
+    ``num_classes`` comes from the label feature, else from the largest label + 1.
+    """
+    if data_dir is None:
+        raise FljaxError(f"dataset {name!r} needs data_dir, the directory holding the prepared tfds data")
+    data_dir = os.fspath(data_dir)
+    if not os.path.isdir(data_dir):
+        raise FljaxError(
+            f"dataset {name!r} is not prepared in '{data_dir}' (no such directory); "
+            f"{_prepare_hint(name, data_dir)}"
+        )
+    import tensorflow_datasets as tfds  # slow to import: only when a tfds dataset is asked for
+
+    arrays = []
+    info = None
+    for split in (train_split, test_split):
+        source = _open_split(tfds, name, split, data_dir)
+        info = getattr(source, "dataset_info", info)
+        x, y = _read_split(source, name, split, image_key, label_key)
+        arrays += [_to_float_images(x, name, normalize), y.astype(np.int32)]
+    x_train, y_train, x_test, y_test = arrays
+
+    num_classes = None
+    try:
+        num_classes = int(info.features[label_key].num_classes)
+    except (AttributeError, KeyError, TypeError):
+        pass
+    if not num_classes:
+        num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return Dataset(name, x_train, y_train, x_test, y_test, num_classes)
+
+
+def load_dataset(name: str, *, data_dir=None) -> Dataset:
+    """'digits' -> :func:`load_digits`; any other name -> :func:`load_tfds` from ``data_dir``."""
+    if name == "digits":
+        return load_digits()
+    if data_dir is None:
+        raise FljaxError(
+            f"dataset {name!r} needs a data directory with the prepared tfds data: pass --data-dir "
+            "(only 'digits' loads without one)"
+        )
+    return load_tfds(name, data_dir=data_dir)
+
+
+def normalize_channels(ds: Dataset, mean, std) -> Dataset:
+    """Standardise each channel of train and test images: ``(x - mean) / std``.
+
+    E.g. the FedDyn-code CIFAR-10 values mean=(0.491, 0.482, 0.447), std=(0.247, 0.243, 0.262).
+    """
+    channels = ds.x_train.shape[-1]
+    mean = np.asarray(mean, dtype=np.float32).reshape(-1)
+    std = np.asarray(std, dtype=np.float32).reshape(-1)
+    if mean.shape != (channels,) or std.shape != (channels,):
+        raise FljaxError(
+            f"mean and std must have one value per channel ({channels}), "
+            f"got {mean.tolist()} and {std.tolist()}"
+        )
+    if not np.all(std > 0):
+        raise FljaxError(f"std must be > 0 for every channel, got {std.tolist()}")
+    return ds._replace(x_train=(ds.x_train - mean) / std, x_test=(ds.x_test - mean) / std)

@@ -1,0 +1,60 @@
+"""Float64 numpy references written straight from the papers' equations.
+
+The randomness (which clients, which examples in which local step) is taken from fljax's own pure
+sampling functions; every piece of arithmetic is recomputed here in float64 numpy, client after
+client and step after step, with hand-written gradients of a one-hidden-layer ReLU network.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from fljax.data.batching import client_batch, steps_per_epoch
+from fljax.engine import client_keys, round_key, sample_cohort
+
+
+def mlp_loss_and_grad(params, x, y, mask):
+    """Mean cross-entropy over masked examples of relu(x W1 + b1) W2 + b2, and its gradient."""
+    w1, b1 = params["fc1"]["kernel"], params["fc1"]["bias"]
+    w2, b2 = params["fc2"]["kernel"], params["fc2"]["bias"]
+    x = x.reshape(len(x), -1)
+    pre = x @ w1 + b1
+    h = np.maximum(pre, 0.0)
+    logits = h @ w2 + b2
+    logits = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    weight = mask / max(mask.sum(), 1.0)
+    loss = -np.sum(weight * np.log(probs[np.arange(len(y)), y]))
+    dlogits = probs.copy()
+    dlogits[np.arange(len(y)), y] -= 1.0
+    dlogits *= weight[:, None]
+    dh = dlogits @ w2.T * (pre > 0)
+    grads = {"fc1": {"kernel": x.T @ dh, "bias": dh.sum(0)},
+             "fc2": {"kernel": h.T @ dlogits, "bias": dlogits.sum(0)}}
+    return loss, grads
+
+
+def tree_map(fn, *trees):
+    return jax.tree.map(fn, *trees)
+
+
+def global_norm(tree) -> float:
+    return float(np.sqrt(sum(np.sum(leaf ** 2) for leaf in jax.tree.leaves(tree))))
+
+
+def client_schedule(key, round_index, client_ids_count, counts, batch_size, local_steps,
+                    local_epochs, max_count):
+    """Yield, per sampled client, (client id, list of (positions, mask)) exactly as sampled."""
+    sample_key, client_key = round_key(key, round_index)
+    cohort = np.asarray(sample_cohort(sample_key, len(counts), client_ids_count))
+    for cid in cohort:
+        n = int(counts[cid])
+        num_steps = local_steps if local_steps is not None else local_epochs * int(
+            steps_per_epoch(n, batch_size))
+        _, batch_key, _ = client_keys(client_key, cid)
+        steps = []
+        for k in range(num_steps):
+            pos, mask = client_batch(batch_key, n, k, batch_size, max_count)
+            steps.append((np.asarray(pos), np.asarray(mask, np.float64)))
+        yield int(cid), steps
