@@ -10,6 +10,7 @@ from typing import Any
 import optax
 
 from fljax.errors import FljaxError
+from fljax.models import CONV_IMPLS, MODEL_NAMES
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes")
 ALGORITHMS = ("fedavg", "fedsgd")
@@ -43,13 +44,13 @@ class ExperimentConfig:
     clip_norm: float | None = None
     aggregation: str = "examples"      # 'examples' | 'uniform'
     # rounds
-    rounds: int = 60
+    rounds: int = 200
     clients_per_round: int = 10
     local_steps: int | None = None     # exactly one of local_steps / local_epochs
     local_epochs: int | None = 2
     batch_size: int = 16               # 0 = the whole local dataset
     # runner
-    eval_every: int = 5
+    eval_every: int = 20
     seed: int = 0
     out_dir: str = "runs/digits_fedavg"
     client_chunk: int | None = None
@@ -82,6 +83,11 @@ class ExperimentConfig:
                              f"{self.batch_size}")
         if self.partition not in PARTITIONS:
             raise FljaxError(f"partition must be one of {PARTITIONS}, got {self.partition!r}")
+        if self.conv_impl is not None and self.conv_impl not in CONV_IMPLS:
+            raise FljaxError(f"conv_impl must be one of {CONV_IMPLS} or unset, got "
+                             f"{self.conv_impl!r}")
+        if self.model not in MODEL_NAMES:
+            raise FljaxError(f"unknown model {self.model!r}; choose one of {MODEL_NAMES}")
         if self.algorithm not in ALGORITHMS:
             raise FljaxError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.clients_per_round > self.num_clients:
