@@ -1,7 +1,10 @@
-"""Command line: ``fljax [--config FILE] [--flag VALUE ...]`` runs one experiment.
+"""Command line.
+
+    fljax [--config FILE] [--fresh] [--flag VALUE ...]   run one experiment (resumes by default)
+    fljax plot RUN_DIR [RUN_DIR ...] [--out FILE.png]    accuracy and loss curves of runs
 
 Every ExperimentConfig field is a flag (``--clients-per-round 10``). Bad values exit with code 2
-and a one-line message naming the value and what is allowed.
+and one line naming the value and what is allowed; Ctrl-C saves a checkpoint and exits with 130.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from fljax.config import ExperimentConfig, load_config
 from fljax.errors import FljaxError
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fljax", description=__doc__.splitlines()[0])
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fljax", description="Run one federated experiment "
+                                     "(see also: fljax plot --help).")
     parser.add_argument("--config", help="JSON file of config values; flags override it")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start over, deleting the checkpoints in --out-dir")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     for field in dataclasses.fields(ExperimentConfig):
         flag = "--" + field.name.replace("_", "-")
@@ -25,13 +31,12 @@ def _parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:
             kind = int if "int" in kinds else float if "float" in kinds else str
-            parser.add_argument(flag, type=kind, default=None,
-                                metavar=kind.__name__.upper())
+            parser.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper())
     return parser
 
 
 def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namespace]:
-    args = _parser().parse_args(argv)
+    args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     # Naming one kind of local work turns the other off.
@@ -44,16 +49,37 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     return config.validate(), args
 
 
-def main(argv: list[str] | None = None) -> int:
-    from fljax.train import results_table, run
+def _plot(argv: list[str]) -> int:
+    from fljax.plot import plot_runs
 
+    parser = argparse.ArgumentParser(prog="fljax plot", description="Plot test accuracy and "
+                                     "train loss per round of one or more run directories.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--out", default="fljax_plot.png", help="PNG file to write")
+    args = parser.parse_args(argv)
+    print(plot_runs(args.run_dirs, args.out))
+    return 0
+
+
+def _run(argv: list[str]) -> int:
+    from fljax.train import RunInterrupted, results_table, run
+
+    config, args = config_from_args(argv)
     try:
-        config, args = config_from_args(sys.argv[1:] if argv is None else argv)
-        evaluations = run(config, progress=not args.quiet)
-    except FljaxError as e:
-        print(f"fljax: error: {e}", file=sys.stderr)
-        return 2
+        evaluations = run(config, progress=not args.quiet, fresh=args.fresh)
+    except RunInterrupted as e:
+        print(f"fljax: {e}", file=sys.stderr)
+        return 130
     print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
                         f"{config.partition} split over {config.num_clients} clients, "
                         f"{config.clients_per_round} per round; log: {config.out_dir}/metrics.jsonl"))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _plot(argv[1:]) if argv[:1] == ["plot"] else _run(argv)
+    except FljaxError as e:
+        print(f"fljax: error: {e}", file=sys.stderr)
+        return 2

@@ -53,6 +53,8 @@ class ExperimentConfig:
     eval_every: int = 20
     seed: int = 0
     out_dir: str = "runs/digits_fedavg"
+    checkpoint_every: int = 20         # rounds between checkpoints (and one at the end)
+    keep_checkpoints: int = 3          # how many recent checkpoints to keep
     client_chunk: int | None = None
     num_devices: int = 1
 
@@ -60,7 +62,8 @@ class ExperimentConfig:
         """Raise FljaxError naming the first bad value; return self when all are allowed."""
         positive = dict(num_clients=self.num_clients, clients_per_round=self.clients_per_round,
                         rounds=self.rounds, eval_every=self.eval_every,
-                        num_devices=self.num_devices)
+                        num_devices=self.num_devices, checkpoint_every=self.checkpoint_every,
+                        keep_checkpoints=self.keep_checkpoints)
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise FljaxError(f"{name} must be an integer >= 1, got {value!r}")
@@ -76,6 +79,8 @@ class ExperimentConfig:
             raise FljaxError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.clip_norm is not None and self.clip_norm <= 0:
             raise FljaxError(f"clip_norm must be > 0 or unset, got {self.clip_norm}")
+        if self.min_size < 0:
+            raise FljaxError(f"min_size must be >= 0, got {self.min_size}")
         if self.alpha <= 0:
             raise FljaxError(f"alpha must be > 0, got {self.alpha}")
         if self.batch_size < 0:

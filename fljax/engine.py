@@ -222,7 +222,9 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                                      new_states)
         new_state = RoundState(round=state.round + 1, key=state.key, params=params,
                                server_state=server_state, client_states=client_states)
+        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
         round_metrics = {"train_loss": jnp.sum(weights * metrics["loss"]), "clients": cohort,
+                         "params_finite": finite,
                          "client_loss": metrics["loss"], "client_steps": metrics["steps"]}
         return new_state, round_metrics
 

@@ -58,8 +58,12 @@ def build_algorithm(config: ExperimentConfig) -> algorithms.Algorithm:
     return algorithms.fedavg(client, server)
 
 
-def build(config: ExperimentConfig) -> Experiment:
-    """Load and split the data, build model, algorithm, round function and evaluator."""
+def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None) -> Experiment:
+    """Load and split the data, build model, algorithm, round function and evaluator.
+
+    ``algorithm`` replaces the one the config names (a new algorithm under research); local work,
+    data and everything else still come from the config.
+    """
     config.validate()
     dataset = loaders.load_dataset(config.dataset, data_dir=config.data_dir)
     if config.num_clients > len(dataset.y_train):
@@ -69,7 +73,7 @@ def build(config: ExperimentConfig) -> Experiment:
     data = federate(dataset.x_train, dataset.y_train, parts, dataset.num_classes)
     model = make_model(config.model, dataset.x_train.shape[1:], dataset.num_classes,
                        conv_impl=config.conv_impl)
-    algorithm = build_algorithm(config)
+    algorithm = algorithm or build_algorithm(config)
     fedsgd = config.algorithm == "fedsgd"
     round_fn = make_round(
         algorithm, model, data, clients_per_round=config.clients_per_round,

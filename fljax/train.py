@@ -1,20 +1,41 @@
-"""The runner: the only Python loop, over rounds. Progress bar, evaluation, JSONL log, final table."""
+"""The runner: the only Python loop, over rounds.
+
+Progress bar, evaluation every k rounds, run logs, orbax checkpoints every c rounds and at the end,
+automatic resume from the latest checkpoint, a divergence guard, and Ctrl-C that saves and exits.
+Nothing is lost: a checkpoint is written only for a state whose round was checked finite, and the
+checkpoint directory only ever gains complete checkpoints.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
+import signal
+import threading
 import time
 from typing import Any
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
+from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
 from fljax.experiment import Experiment, build
+from fljax.logs import RunLog, read_log
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C stopped the run after saving a checkpoint of the last finished round."""
+
+    def __init__(self, round_index: int, directory: str):
+        super().__init__(f"interrupted after round {round_index}; checkpoint saved in "
+                         f"{directory!r}; run the same command again to resume")
+        self.round = round_index
 
 
 def prepare_out_dir(out_dir: str) -> None:
@@ -29,61 +50,105 @@ def prepare_out_dir(out_dir: str) -> None:
         raise FljaxError(f"output dir {out_dir!r} is not writable ({e.strerror})") from None
 
 
-def _host(metrics: dict) -> dict[str, Any]:
-    return {k: np.asarray(v).tolist() for k, v in jax.device_get(metrics).items()}
+@contextlib.contextmanager
+def _sigint_flag():
+    """Turn Ctrl-C into a flag checked between rounds (never mid-round or mid-save)."""
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag["stop"] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
-def run(config: ExperimentConfig, *, progress: bool = True, experiment: Experiment | None = None
-        ) -> list[dict[str, Any]]:
-    """Train ``config.rounds`` rounds; return the evaluation records (also in metrics.jsonl).
+def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
+        experiment: Experiment | None = None) -> list[dict[str, Any]]:
+    """Train until round ``config.rounds``, resuming from ``config.out_dir`` unless ``fresh``.
 
-    Round metrics are read one round late, so the device never waits for the host.
+    Returns every evaluation record of the run (also in ``OUT_DIR/metrics.jsonl``). Raises
+    FljaxError for bad input or divergence, RunInterrupted after Ctrl-C.
     """
+    config.validate()
     experiment = experiment or build(config)
     prepare_out_dir(config.out_dir)
+    if fresh:
+        shutil.rmtree(os.path.join(config.out_dir, "checkpoints"), ignore_errors=True)
+    checkpoints = Checkpoints(config.out_dir, keep=config.keep_checkpoints)
+    saved_round = checkpoints.latest_round()
+    state = experiment.initial_state()
+    if saved_round is not None:
+        state = experiment.round_fn.place(
+            checkpoints.restore(saved_round, state, config.to_dict()))
     with open(os.path.join(config.out_dir, "config.json"), "w") as f:
         json.dump(config.to_dict(), f, indent=1)
-    log_path = os.path.join(config.out_dir, "metrics.jsonl")
-    state = experiment.initial_state()
-    evaluations: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    bar = tqdm(total=config.rounds, disable=not progress, unit="round", dynamic_ncols=True)
-    last_eval: dict[str, Any] = {}
+    log = RunLog(config.out_dir, saved_round)
+    done = saved_round or 0
+    previous_time = max([r["time_s"] for r in read_log(log.path)] or [0.0])
+    start = time.perf_counter() - previous_time
+    bar = tqdm(total=config.rounds, initial=min(done, config.rounds), disable=not progress,
+               unit="round", dynamic_ncols=True)
+    postfix: dict[str, str] = {}
 
-    with open(log_path, "w") as log:
-        def record(round_index: int, metrics: dict) -> None:
-            m = _host(metrics)
-            if not math.isfinite(m["train_loss"]):
-                raise FljaxError(
-                    f"round {round_index}: the training loss is {m['train_loss']} with algorithm "
-                    f"{experiment.algorithm.name!r}; the local learning rate ({config.lr}) may be "
-                    f"too large")
-            line = {"kind": "round", "round": round_index, "train_loss": m["train_loss"],
-                    "clients": m["clients"], "time_s": time.perf_counter() - start}
-            log.write(json.dumps(line) + "\n")
-            bar.set_postfix(loss=f"{m['train_loss']:.4f}", **last_eval)
-            bar.update(1)
+    def check_and_log(round_index: int, metrics: dict) -> None:
+        m = jax.device_get(metrics)
+        loss = float(m["train_loss"])
+        if not math.isfinite(loss) or not bool(m["params_finite"]):
+            what = f"the training loss is {loss}" if not math.isfinite(loss) else \
+                "the global model has NaN or Inf parameters"
+            kept = checkpoints.latest_round()
+            raise FljaxError(
+                f"round {round_index}: {what} with algorithm {experiment.algorithm.name!r}; "
+                f"stopped. A too large learning rate (lr={config.lr}, server_lr="
+                f"{config.server_lr}) or algorithm coefficient is the usual cause. "
+                + (f"The last good checkpoint (round {kept}) is kept in "
+                   f"{checkpoints.directory!r}" if kept is not None else "No checkpoint was "
+                   "written yet"))
+        log.round(round_index, loss, np.asarray(m["clients"]).tolist(),
+                  time.perf_counter() - start)
+        postfix["loss"] = f"{loss:.4f}"
+        bar.set_postfix(postfix)
+        bar.update(1)
 
-        pending = None
-        for t in range(config.rounds):
-            state, metrics = experiment.round_fn(state)
+    try:
+        with _sigint_flag() as interrupt:
+            pending = None
+            for t in range(done, config.rounds):
+                if interrupt["stop"]:
+                    break
+                state, metrics = experiment.round_fn(state)
+                if pending is not None:
+                    check_and_log(*pending)   # the previous round, read one round late
+                pending = (t + 1, metrics)
+                evaluate = (t + 1) % config.eval_every == 0 or t + 1 == config.rounds
+                save = (t + 1) % config.checkpoint_every == 0 or t + 1 == config.rounds
+                if evaluate or save:
+                    check_and_log(*pending)
+                    pending = None
+                if evaluate:
+                    scores = {k: float(v) for k, v in experiment.evaluate(state.params).items()}
+                    log.evaluation(t + 1, scores, time.perf_counter() - start)
+                    postfix["acc"] = f"{scores['accuracy']:.3f}"
+                if save:
+                    checkpoints.save(t + 1, state, config.to_dict())
             if pending is not None:
-                record(*pending)
-            pending = (t + 1, metrics)
-            if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
-                record(*pending)
-                pending = None
-                scores = {k: float(v) for k, v in experiment.evaluate(state.params).items()}
-                entry = {"kind": "eval", "round": t + 1, **scores,
-                         "time_s": time.perf_counter() - start}
-                log.write(json.dumps(entry) + "\n")
-                log.flush()
-                evaluations.append(entry)
-                last_eval = {"acc": f"{scores['accuracy']:.3f}"}
-        if pending is not None:
-            record(*pending)
-    bar.close()
-    return evaluations
+                check_and_log(*pending)
+            if interrupt["stop"]:
+                finished = int(state.round)
+                if checkpoints.latest_round() != finished:
+                    checkpoints.save(finished, state, config.to_dict())
+                raise RunInterrupted(finished, checkpoints.directory)
+    finally:
+        bar.close()
+        log.close()
+        checkpoints.close()
+    return [r for r in read_log(log.path) if r["kind"] == "eval"]
 
 
 def results_table(evaluations: list[dict[str, Any]], title: str) -> str:
@@ -92,7 +157,9 @@ def results_table(evaluations: list[dict[str, Any]], title: str) -> str:
     for e in evaluations:
         lines.append(f"{e['round']:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
                      f"{e['time_s']:>8.1f}")
-    best = max(evaluations, key=lambda e: e["accuracy"])
-    lines.append(f"final accuracy {evaluations[-1]['accuracy']:.4f}; best {best['accuracy']:.4f} "
-                 f"at round {best['round']}; {evaluations[-1]['time_s']:.1f} s in all")
+    if evaluations:
+        best = max(evaluations, key=lambda e: e["accuracy"])
+        lines.append(f"final accuracy {evaluations[-1]['accuracy']:.4f}; best "
+                     f"{best['accuracy']:.4f} at round {best['round']}; "
+                     f"{evaluations[-1]['time_s']:.1f} s in all")
     return "\n".join(lines)

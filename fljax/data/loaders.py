@@ -164,10 +164,55 @@ def load_tfds(
     return Dataset(name, x_train, y_train, x_test, y_test, num_classes)
 
 
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def load_npz(path: str) -> Dataset:
+    """Your own arrays: an ``.npz`` file with x_train [N,H,W,C] or [N,H,W], y_train [N] integer
+    labels, x_test, y_test. The number of classes is the largest label + 1."""
+    if not os.path.isfile(path):
+        raise FljaxError(f"dataset file {path!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as e:
+        raise FljaxError(f"dataset file {path!r} is not a readable .npz file ({_first_line(e)})") from None
+    missing = [k for k in NPZ_KEYS if k not in arrays]
+    if missing:
+        raise FljaxError(f"dataset file {path!r} lacks array(s) {missing}; it needs {list(NPZ_KEYS)}")
+    name = os.path.basename(path)
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            raise FljaxError(f"y_{split} in {path!r} must be a 1-D integer array, got shape {y.shape} dtype {y.dtype}")
+        if len(x) != len(y):
+            raise FljaxError(f"x_{split} and y_{split} in {path!r} have different lengths ({len(x)} vs {len(y)})")
+        if len(y) == 0:
+            raise FljaxError(f"x_{split} in {path!r} is empty")
+        if y.min() < 0:
+            raise FljaxError(f"y_{split} in {path!r} has negative labels (min {y.min()})")
+        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+            raise FljaxError(f"x_{split} in {path!r} contains {int((~np.isfinite(x)).sum())} NaN or Inf values")
+    x_train = _to_float_images(arrays["x_train"], name, normalize=True)
+    x_test = _to_float_images(arrays["x_test"], name, normalize=True)
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise FljaxError(f"x_train and x_test in {path!r} have different example shapes "
+                         f"({x_train.shape[1:]} vs {x_test.shape[1:]})")
+    num_classes = int(arrays["y_train"].max()) + 1
+    if arrays["y_test"].max() >= num_classes:
+        raise FljaxError(f"y_test in {path!r} has label {arrays['y_test'].max()} not seen in y_train "
+                         f"(labels 0..{num_classes - 1})")
+    return Dataset(name, x_train, arrays["y_train"].astype(np.int32), x_test,
+                   arrays["y_test"].astype(np.int32), num_classes)
+
+
 def load_dataset(name: str, *, data_dir=None) -> Dataset:
-    """'digits' -> :func:`load_digits`; any other name -> :func:`load_tfds` from ``data_dir``."""
+    """'digits' -> :func:`load_digits`; a path ending in .npz -> :func:`load_npz`; any other name
+    -> :func:`load_tfds` from ``data_dir``."""
     if name == "digits":
         return load_digits()
+    if name.endswith(".npz"):
+        return load_npz(name)
     if data_dir is None:
         raise FljaxError(
             f"dataset {name!r} needs a data directory with the prepared tfds data: pass --data-dir "

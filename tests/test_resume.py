@@ -1,0 +1,219 @@
+"""Nothing lost: resume equals an uninterrupted run; kills, Ctrl-C and divergence keep checkpoints."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fljax import FljaxError, algorithms
+from fljax.checkpoint import Checkpoints
+from fljax.config import ExperimentConfig
+from fljax.experiment import build
+from fljax.logs import read_log
+from fljax.train import run
+
+BASE = dict(rounds=8, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,
+            local_epochs=1)
+
+
+def with_client_memory(alg):
+    """FedAvg plus per-client state (last local model, participation count): a stateful client."""
+
+    def client_init(params):
+        return {"last": params, "visits": jnp.zeros((), jnp.int32)}
+
+    def client_end(ctx, start, end):
+        _, message = alg.client_end(ctx, start, end)
+        return {"last": end, "visits": ctx.client_state["visits"] + 1}, message
+
+    return alg._replace(name="fedavg_memory", client_init=client_init, client_end=client_end)
+
+
+ALGORITHMS = {
+    "fedavg": lambda: None,
+    "stateful": lambda: with_client_memory(algorithms.fedavg(
+        algorithms.local_sgd(0.05), optax.sgd(1.0, momentum=0.9))),
+}
+
+
+def final_state(out_dir, like_config):
+    exp = build(like_config)
+    ckpts = Checkpoints(out_dir)
+    state = ckpts.restore(ckpts.latest_round(), exp.initial_state(), like_config.to_dict())
+    ckpts.close()
+    return jax.device_get(state)
+
+
+def records(out_dir):
+    return [{k: v for k, v in r.items() if k != "time_s"}
+            for r in read_log(os.path.join(out_dir, "metrics.jsonl"))]
+
+
+def assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_half_run_then_resume_is_bit_identical(name, tmp_path):
+    alg = ALGORITHMS[name]()
+    full = ExperimentConfig(**BASE, out_dir=str(tmp_path / "full"))
+    run(full, progress=False, experiment=build(full, alg))
+    half = full.replace(out_dir=str(tmp_path / "half"), rounds=4)
+    run(half, progress=False, experiment=build(half, alg))
+    resumed = half.replace(rounds=8)
+    run(resumed, progress=False, experiment=build(resumed, alg))
+    state_full = final_state(full.out_dir, full) if alg is None else None
+    if alg is None:
+        assert_same(state_full, final_state(resumed.out_dir, resumed))
+    else:
+        exp = build(full, alg)
+        got = [Checkpoints(d).restore(8, exp.initial_state(), full.replace(out_dir=d).to_dict())
+               for d in (full.out_dir, resumed.out_dir)]
+        assert_same(got[0], got[1])
+        assert int(np.asarray(got[0].client_states["visits"]).sum()) == 8 * 4
+    assert records(full.out_dir) == records(resumed.out_dir)
+    assert len([r for r in records(full.out_dir) if r["kind"] == "round"]) == 8
+
+
+def test_restore_into_other_experiment_fails_before_training(tmp_path, capsys):
+    config = ExperimentConfig(**BASE, out_dir=str(tmp_path / "r"))
+    run(config.replace(rounds=2), progress=False)
+    before = records(config.out_dir)
+    for change, key in [(dict(model="small_cnn", dataset="digits"), "model"),
+                        (dict(lr=0.1), "lr"), (dict(num_clients=12), "num_clients"),
+                        (dict(algorithm="fedsgd"), "algorithm")]:
+        with pytest.raises(FljaxError, match=f"different experiment: {key} is"):
+            other = config.replace(**change)
+            run(other, progress=False, experiment=build(config.replace(
+                **{k: v for k, v in change.items() if k != "model"})))
+        assert records(config.out_dir) == before
+
+
+def test_fresh_starts_over(tmp_path):
+    config = ExperimentConfig(**BASE, out_dir=str(tmp_path / "r"))
+    run(config.replace(rounds=4), progress=False)
+    run(config.replace(rounds=2, lr=0.1), progress=False, fresh=True)
+    assert Checkpoints(config.out_dir).latest_round() == 2
+    assert [r["round"] for r in records(config.out_dir) if r["kind"] == "round"] == [1, 2]
+
+
+def nan_at_round(alg, bad_round):
+    def server_update(params, server_state, message, round_index):
+        params, server_state = alg.server_update(params, server_state, message, round_index)
+        poison = jnp.where(round_index + 1 == bad_round, jnp.nan, 0.0)
+        return jax.tree.map(lambda p: p + poison, params), server_state
+
+    return alg._replace(name="poisoned", server_update=server_update)
+
+
+def test_nan_stops_within_one_round_and_keeps_last_good_checkpoint(tmp_path):
+    config = ExperimentConfig(**{**BASE, "checkpoint_every": 2, "eval_every": 100},
+                              out_dir=str(tmp_path / "r"))
+    alg = nan_at_round(algorithms.fedavg(algorithms.local_sgd(0.05)), bad_round=5)
+    with pytest.raises(FljaxError, match=r"round 5: the global model has NaN or Inf parameters "
+                                         r"with algorithm 'poisoned'.*last good checkpoint "
+                                         r"\(round 4\)"):
+        run(config, progress=False, experiment=build(config, alg))
+    ckpts = Checkpoints(config.out_dir)
+    assert ckpts.latest_round() == 4
+    state = ckpts.restore(4, build(config).initial_state(), config.to_dict())
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(state.params))
+    assert [r["round"] for r in records(config.out_dir) if r["kind"] == "round"] == [1, 2, 3, 4]
+
+
+def test_diverging_learning_rate_exits_2_naming_round_and_algorithm(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fljax", "--lr", "1e6", "--rounds", "4",
+                          "--quiet", "--out-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("fljax: error: round ") and "algorithm 'fedavg'" in line
+    assert "lr=1000000.0" in line
+
+
+# --- killed and interrupted subprocesses ------------------------------------------------------
+
+CLI = [sys.executable, "-m", "fljax", "--quiet", "--rounds", "16", "--checkpoint-every", "2",
+       "--eval-every", "4", "--keep-checkpoints", "2"]
+
+
+def cli_config(out_dir):
+    return ExperimentConfig().replace(rounds=16, checkpoint_every=2, eval_every=4,
+                                      keep_checkpoints=2, out_dir=out_dir)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("reference"))
+    subprocess.run(CLI + ["--out-dir", out_dir], check=True, capture_output=True, timeout=300)
+    return out_dir
+
+
+def run_until(out_dir, condition, sig):
+    """Start the CLI, poll the checkpoint dir every ms, send ``sig`` once ``condition(names)``."""
+    proc = subprocess.Popen(CLI + ["--out-dir", out_dir], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ckpt_dir = os.path.join(out_dir, "checkpoints")
+    fired = False
+    while proc.poll() is None:
+        names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+        if condition(names):
+            proc.send_signal(sig)
+            fired = True
+            break
+        time.sleep(0.001)
+    _, err = proc.communicate(timeout=300)
+    return fired, proc.returncode, err
+
+
+def saving(names):
+    """A later checkpoint is being written (a complete one already exists)."""
+    return any("tmp" in n for n in names) and any(n.isdigit() for n in names)
+
+
+def trained_past_first_checkpoint(names):
+    return any(n.isdigit() and int(n) >= 4 for n in names)
+
+
+@pytest.mark.parametrize("moment", [saving, trained_past_first_checkpoint])
+def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_path,
+                                                                  reference_run):
+    out_dir = str(tmp_path / "r")
+    fired, code, _ = run_until(out_dir, moment, signal.SIGKILL)
+    assert fired and code == -signal.SIGKILL
+    ckpts = Checkpoints(out_dir)
+    latest = ckpts.latest_round()
+    assert latest is not None and latest < 16
+    config = cli_config(out_dir)
+    ckpts.restore(latest, build(config).initial_state(), config.to_dict())
+    ckpts.close()
+    subprocess.run(CLI + ["--out-dir", out_dir], check=True, capture_output=True, timeout=300)
+    assert_same(final_state(reference_run, cli_config(reference_run)),
+                final_state(out_dir, config))
+    assert records(out_dir) == records(reference_run)
+
+
+def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
+    out_dir = str(tmp_path / "r")
+    fired, code, err = run_until(out_dir, lambda n: "2" in n, signal.SIGINT)
+    assert fired and code == 130, err[-2000:]
+    assert "Traceback" not in err and "interrupted after round" in err
+    stopped = int(err.split("interrupted after round ")[1].split(";")[0])
+    assert Checkpoints(out_dir).latest_round() == stopped
+    logged = records(out_dir)
+    assert [r["round"] for r in logged if r["kind"] == "round"] == list(range(1, stopped + 1))
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        assert all(json.loads(line) for line in f)
+    subprocess.run(CLI + ["--out-dir", out_dir], check=True, capture_output=True, timeout=300)
+    assert_same(final_state(reference_run, cli_config(reference_run)),
+                final_state(out_dir, cli_config(out_dir)))
+    assert records(out_dir) == records(reference_run)
