@@ -1,0 +1,177 @@
+"""Bad input of every kind: exit code 2, one line naming the problem, nothing written is lost.
+
+Every case runs the CLI against a copy of a finished run directory (checkpoints, log, config) and
+checks that the directory's files are byte-identical afterwards.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from fljax.cli import main
+
+RUN = ["--rounds", "2", "--checkpoint-every", "1", "--eval-every", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("finished") / "run")
+    assert main(RUN + ["--out-dir", out]) == 0
+    return out
+
+
+def snapshot(directory):
+    digests = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digests[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
+def npz(tmp, **changes):
+    rng = np.random.default_rng(0)
+    arrays = dict(x_train=rng.random((60, 8, 8, 1), np.float32), y_train=np.arange(60) % 3,
+                  x_test=rng.random((12, 8, 8, 1), np.float32), y_test=np.arange(12) % 3)
+    arrays.update(changes)
+    path = os.path.join(tmp, "data.npz")
+    np.savez(path, **arrays)
+    return path
+
+
+def corrupt_checkpoint(run_dir, tmp):
+    for root, _, files in os.walk(os.path.join(run_dir, "checkpoints", "2", "state")):
+        for name in files:
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(b"\x00garbage")
+
+
+def foreign_checkpoint(run_dir, tmp):
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"))
+    os.makedirs(os.path.join(run_dir, "checkpoints", "7", "something"))
+    with open(os.path.join(run_dir, "checkpoints", "7", "something", "data.bin"), "wb") as f:
+        f.write(os.urandom(64))
+
+
+def bad_config_file(tmp, text):
+    path = os.path.join(tmp, "c.json")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+# (id, argv builder taking a tmp dir, expected message part, optional run-dir mutation)
+CASES = [
+    ("negative lr", lambda t: ["--lr", "-0.1"], "lr must be > 0, got -0.1"),
+    ("zero server lr", lambda t: ["--server-lr", "0"], "server_lr must be > 0"),
+    ("cohort > clients", lambda t: ["--clients-per-round", "30"],
+     "clients_per_round (30) must be <= num_clients (20)"),
+    ("no clients", lambda t: ["--num-clients", "0"], "num_clients must be an integer >= 1, got 0"),
+    ("zero rounds", lambda t: ["--rounds", "0"], "rounds must be an integer >= 1, got 0"),
+    ("zero eval interval", lambda t: ["--eval-every", "0"], "eval_every must be an integer >= 1"),
+    ("zero checkpoint interval", lambda t: ["--checkpoint-every", "0"], "checkpoint_every must"),
+    ("keep no checkpoints", lambda t: ["--keep-checkpoints", "0"], "keep_checkpoints must"),
+    ("unknown algorithm", lambda t: ["--algorithm", "fedfoo"], "algorithm must be one of"),
+    ("unknown partition", lambda t: ["--partition", "zipf"], "partition must be one of"),
+    ("unknown model", lambda t: ["--model", "resnet1"], "unknown model 'resnet1'"),
+    ("cnn on 8x8 digits", lambda t: ["--model", "small_cnn"], "at least 13x13"),
+    ("negative alpha", lambda t: ["--alpha", "-1"], "alpha must be > 0"),
+    ("lr decay > 1", lambda t: ["--lr-decay", "1.5"], "lr_decay must be in (0, 1]"),
+    ("momentum 1", lambda t: ["--momentum", "1.0"], "momentum must be in [0, 1)"),
+    ("negative weight decay", lambda t: ["--weight-decay", "-1"], "weight_decay must be >= 0"),
+    ("zero clip norm", lambda t: ["--clip-norm", "0"], "clip_norm must be > 0"),
+    ("negative batch", lambda t: ["--batch-size", "-2"], "batch_size must be >= 1"),
+    ("zero local steps", lambda t: ["--local-steps", "0"], "local_steps / local_epochs must be"),
+    ("unknown aggregation", lambda t: ["--aggregation", "median"], "aggregation must be one of"),
+    ("unknown server optimizer", lambda t: ["--server-optimizer", "adamm"],
+     "unknown server optimizer 'adamm'"),
+    ("server args not JSON", lambda t: ["--server-optimizer-args", "{momentum: 0.9}"],
+     "server_optimizer_args must be a JSON"),
+    ("server args not accepted", lambda t: ["--server-optimizer-args", '{"nesterovv": true}'],
+     "does not take"),
+    ("too many devices", lambda t: ["--num-devices", "64"], "num_devices must be in"),
+    ("unknown conv", lambda t: ["--conv-impl", "cudnn"], "conv_impl must be one of"),
+    ("more clients than examples", lambda t: ["--num-clients", "2000",
+                                              "--clients-per-round", "10"],
+     "num_clients (2000) must be <="),
+    ("unreachable min size", lambda t: ["--min-size", "500"], "min_size"),
+    ("partition leaves a client empty", lambda t: ["--min-size", "0", "--alpha", "0.001",
+                                                   "--num-clients", "200"],
+     "empty"),
+    ("missing config file", lambda t: ["--config", "/nonexistent.json"], "does not exist"),
+    ("config file not JSON", lambda t: ["--config", bad_config_file(t, "{rounds: 3")],
+     "not valid JSON"),
+    ("config value of wrong type", lambda t: ["--config", bad_config_file(t, '{"lr": "fast"}')],
+     "lr must be of type float"),
+    ("unknown config key", lambda t: ["--config", bad_config_file(t, '{"roundz": 3}')],
+     "unknown config key(s) ['roundz']"),
+    ("tfds dataset without data dir", lambda t: ["--dataset", "mnist"], "--data-dir"),
+    ("tfds dataset missing offline", lambda t: ["--dataset", "mnist", "--data-dir", t],
+     "tfds build mnist"),
+    ("unknown tfds dataset", lambda t: ["--dataset", "no_such_dataset", "--data-dir", t],
+     "no_such_dataset"),
+    ("npz features of wrong rank", lambda t: ["--dataset", npz(t, x_train=np.zeros((60, 64)))],
+     "must be [N, H, W] or [N, H, W, C]"),
+    ("npz lengths differ", lambda t: ["--dataset", npz(t, y_train=np.arange(59) % 3)],
+     "different lengths (60 vs 59)"),
+    ("npz negative labels", lambda t: ["--dataset", npz(t, y_train=np.arange(60) % 3 - 1)],
+     "negative labels"),
+    ("npz test label out of range", lambda t: ["--dataset", npz(t, y_test=np.arange(12) % 5)],
+     "not seen in y_train"),
+    ("npz float labels", lambda t: ["--dataset", npz(t, y_train=np.zeros(60))],
+     "1-D integer array"),
+    ("npz NaN features", lambda t: ["--dataset", npz(t, x_train=np.full((60, 8, 8, 1), np.nan,
+                                                                         np.float32))],
+     "NaN or Inf"),
+    ("npz missing array", lambda t: ["--dataset", os.path.join(t, "none.npz")],
+     "does not exist"),
+    ("other experiment's checkpoint", lambda t: ["--lr", "0.2"], "different experiment: lr"),
+]
+MUTATING = [
+    ("corrupt checkpoint", lambda t: [], "checkpoint 2", corrupt_checkpoint),
+    ("foreign checkpoint dir", lambda t: [], "checkpoint", foreign_checkpoint),
+]
+
+
+@pytest.mark.parametrize("case", CASES + MUTATING, ids=[c[0] for c in CASES + MUTATING])
+def test_bad_input_exits_2_with_one_line_and_loses_nothing(case, finished_run, tmp_path, capsys):
+    _, argv, message, *mutate = case
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    if mutate:
+        mutate[0](run_dir, str(tmp_path))
+    before = snapshot(run_dir)
+    code = main(RUN + argv(str(tmp_path)) + ["--out-dir", run_dir])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("fljax: error: ") and message in err, err
+    assert snapshot(run_dir) == before
+
+
+def test_unwritable_out_dir(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(RUN + ["--out-dir", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not writable" in err
+    assert blocker.read_text() == "x"
+
+
+def test_at_least_thirty_cases():
+    assert len(CASES) + len(MUTATING) + 1 >= 30
+
+
+def test_plot_of_non_run_directory_exits_2(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "has no metrics.jsonl records" in capsys.readouterr().err
+
+
+def test_config_json_is_left_as_the_finished_run_wrote_it(finished_run):
+    with open(os.path.join(finished_run, "config.json")) as f:
+        assert json.load(f)["rounds"] == 2
