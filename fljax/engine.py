@@ -159,10 +159,26 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         per_epoch = steps_per_epoch(count, batch)
         num_steps = local_steps if local_steps is not None else local_epochs * per_epoch
         num_steps = jnp.asarray(num_steps, jnp.int32)
+
+        def full_gradient(at_params):
+            """grad of (1/n_i) sum_j loss(x_j): the client's data in order, in batches of B."""
+            def body(total, b):
+                slots = b * batch + jnp.arange(batch)
+                mask = slots < count
+                ids = data.index[offset + jnp.minimum(slots, count - 1)]
+                scale = mask.sum() / count
+                grads = jax.grad(model_loss)(at_params, data.x[ids], data.y[ids], mask, None)
+                return jax.tree.map(lambda t, g: t + scale * g, total, grads), None
+
+            zeros = jax.tree.map(jnp.zeros_like, at_params)
+            total, _ = jax.lax.scan(body, zeros, jnp.arange(-(-max_count // batch)))
+            return total
+
         ctx = ClientContext(params=params, server_state=server_state, client_state=client_state,
                             round=round_index, client_id=client_id, weight=weight,
-                            cohort_size=clients_per_round, num_examples=count,
-                            num_steps=num_steps, steps_per_epoch=per_epoch)
+                            cohort_size=clients_per_round, num_clients=num_clients,
+                            num_examples=count, num_steps=num_steps, steps_per_epoch=per_epoch,
+                            full_gradient=full_gradient)
         start_key, batch_key, step_key = client_keys(key, client_id)
         start = algorithm.client_start(ctx, start_key)
         tx = algorithm.client_tx(ctx)

@@ -132,7 +132,7 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                     check_and_log(*pending)
                     pending = None
                 if evaluate:
-                    scores = {k: float(v) for k, v in experiment.evaluate(state.params).items()}
+                    scores = evaluate_models(experiment, state)
                     log.evaluation(t + 1, scores, time.perf_counter() - start)
                     postfix["acc"] = f"{scores['accuracy']:.3f}"
                 if save:
@@ -149,6 +149,17 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         log.close()
         checkpoints.close()
     return [r for r in read_log(log.path) if r["kind"] == "eval"]
+
+
+def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
+    """Scores of the algorithm's evaluation models: 'accuracy', 'loss' for the first (the global
+    model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h)."""
+    models = experiment.algorithm.eval_models(state.params, state.server_state)
+    scores = {}
+    for i, (name, params) in enumerate(models.items()):
+        prefix = "" if i == 0 else f"{name}/"
+        scores.update({prefix + k: float(v) for k, v in experiment.evaluate(params).items()})
+    return scores
 
 
 def results_table(evaluations: list[dict[str, Any]], title: str) -> str:

@@ -125,3 +125,24 @@ def test_fedsgd_is_one_full_batch_gradient_step_per_round():
         w = tree_map(lambda a, b: a - 0.25 * b, w, g)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(w)):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_full_gradient_is_the_mean_gradient_over_the_client_data():
+    """ctx.full_gradient (SCAFFOLD option I, FedGA) against the numpy gradient of each client."""
+    x, y, parts, model = tiny_problem(seed=4)
+
+    def start_from_gradient_step(ctx, key):
+        return jax.tree.map(lambda w, g: w - 0.3 * g, ctx.params, ctx.full_gradient(ctx.params))
+
+    with jax.enable_x64(True):
+        params = jax.tree.map(lambda a: np.asarray(a, np.float64), model.init(jax.random.PRNGKey(5)))
+        alg = algorithms.fedavg(optax.sgd(0.0))._replace(client_start=start_from_gradient_step)
+        round_fn = make_round(alg, model, federate(x, y, parts, NUM_CLASSES),
+                              clients_per_round=len(parts), batch_size=4, local_steps=1)
+        state, _ = round_fn(init_state(alg, params, len(parts), seed=0))
+        got = jax.tree.map(np.asarray, state.params)
+    # sum_i p_i * 0.3 * g_i(w) with p_i = n_i / n is 0.3 * the gradient over all the data.
+    _, g = mlp_loss_and_grad(params, x, y, np.ones(len(y)))
+    expected = tree_map(lambda a, b: a - 0.3 * b, params, g)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)

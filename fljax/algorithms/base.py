@@ -11,6 +11,8 @@ A communication round, as the engine runs it for every sampled client i (all ins
     s_i', m_i      = client_end(ctx, y_i,0, y_i,K)
     M              = sum_i m_i                               # a psum across devices
     w', server'    = server_update(w, server state, M, round)
+    models         = eval_models(w', server')                # what evaluation reports; "global"
+                                                             #   first (FedExP's two-iterate mean)
 
 Messages are SUMMED over the cohort, so a client scales its own message: ``ctx.weight`` is its
 aggregation weight p_i (example-count or uniform, summing to 1 over the cohort), and
@@ -20,7 +22,7 @@ engine's state stacked over all clients; a stateless algorithm uses ``()``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +42,12 @@ class ClientContext(NamedTuple):
     client_id: jax.Array      # shape=(), int32: i
     weight: jax.Array         # shape=(), float: p_i, sums to 1 over the cohort
     cohort_size: int          # |S^t| (static)
+    num_clients: int          # N, all clients (static)
     num_examples: jax.Array   # shape=(), int32: n_i
     num_steps: jax.Array      # shape=(), int32: local steps client i takes this round
     steps_per_epoch: jax.Array  # shape=(), int32: ceil(n_i / batch size)
+    full_gradient: Callable[[Params], Params]  # grad of the mean model loss over all n_i
+                                               # examples (traced only if an algorithm calls it)
 
 
 class Algorithm(NamedTuple):
@@ -56,35 +61,56 @@ class Algorithm(NamedTuple):
     client_loss: Callable[[ClientContext, LossFn], LossFn]
     client_end: Callable[[ClientContext, Params, Params], tuple[Any, Any]]
     server_update: Callable[[Params, Any, Any, jax.Array], tuple[Params, Any]]
+    eval_models: Callable[[Params, Any], dict[str, Params]] = (
+        lambda params, server_state: {"global": params})
+
+
+class LocalSGD(NamedTuple):
+    """The local optimizer of the reference code: torch SGD after ``clip_grad_norm_``.
+
+    Per step, for the loss gradient g at the local model y:
+        g <- g + sum(loss_terms)           gradients of terms that sit in the loss (clipped)
+        g <- clip(g, clip_norm)
+        g <- g + (weight_decay + extra_weight_decay) * y        (torch's weight_decay: unclipped)
+        buf <- momentum * buf + g; y <- y - lr * round_decay**t * buf   (torch-style momentum)
+    """
+
+    learning_rate: float
+    round_decay: float = 1.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+
+    def lr(self, round_index: jax.Array) -> jax.Array:
+        """eta_l * decay**t."""
+        return self.learning_rate * self.round_decay ** round_index
+
+    def chain(self, round_index: jax.Array, loss_terms: Sequence[optax.GradientTransformation] = (),
+              extra_weight_decay: jax.Array | float = 0.0) -> optax.GradientTransformation:
+        parts = list(loss_terms)
+        if self.clip_norm is not None:
+            parts.append(optax.clip_by_global_norm(self.clip_norm))
+        decay = self.weight_decay + extra_weight_decay
+        if not (isinstance(decay, float) and decay == 0.0):
+            parts.append(optax.add_decayed_weights(decay))
+        parts.append(optax.sgd(self.lr(round_index), momentum=self.momentum or None))
+        return optax.chain(*parts)
+
+
+def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float = 0.0,
+              weight_decay: float = 0.0, clip_norm: float | None = None) -> LocalSGD:
+    """LocalSGD with keyword arguments."""
+    return LocalSGD(learning_rate, round_decay, momentum, weight_decay, clip_norm)
 
 
 ClientOptimizer = Callable[[jax.Array], optax.GradientTransformation]
 
 
-def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float = 0.0,
-              weight_decay: float = 0.0, clip_norm: float | None = None) -> ClientOptimizer:
-    """The local optimizer of the reference code, as a function of the round t.
-
-    Per step: g <- clip(g, clip_norm); g <- g + weight_decay * y; torch-style momentum buffer;
-    y <- y - lr * round_decay**t * g. Clipping comes before weight decay, as torch's
-    ``clip_grad_norm_`` + ``SGD(weight_decay=...)`` do.
-    """
-
-    def make(round_index: jax.Array) -> optax.GradientTransformation:
-        lr = learning_rate * round_decay ** round_index
-        parts = []
-        if clip_norm is not None:
-            parts.append(optax.clip_by_global_norm(clip_norm))
-        if weight_decay:
-            parts.append(optax.add_decayed_weights(weight_decay))
-        parts.append(optax.sgd(lr, momentum=momentum or None))
-        return optax.chain(*parts)
-
-    return make
-
-
-def as_client_optimizer(opt: optax.GradientTransformation | ClientOptimizer) -> ClientOptimizer:
-    """Accept a fixed optax transformation or a function of the round."""
+def as_client_optimizer(opt: LocalSGD | optax.GradientTransformation | ClientOptimizer
+                        ) -> ClientOptimizer:
+    """A function of the round from LocalSGD, a fixed optax transformation, or such a function."""
+    if isinstance(opt, LocalSGD):
+        return opt.chain
     if isinstance(opt, optax.GradientTransformation):
         return lambda round_index: opt
     return opt

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import optax
 
-from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, as_client_optimizer,
-                                   identity_loss, identity_start, no_client_state, tree_scale,
-                                   tree_sub)
+from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD,
+                                   as_client_optimizer, identity_loss, identity_start,
+                                   no_client_state, tree_scale, tree_sub)
 
 
-def fedavg(client_optimizer: optax.GradientTransformation | ClientOptimizer,
+def fedavg(client_optimizer: LocalSGD | optax.GradientTransformation | ClientOptimizer,
            server_optimizer: optax.GradientTransformation | None = None,
            *, name: str = "fedavg") -> Algorithm:
     """FedAvg with a local optimizer and a server optimizer on the pseudo-gradient (default sgd(1))."""
