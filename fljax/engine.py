@@ -38,7 +38,8 @@ class RoundState(NamedTuple):
 
 
 def init_state(algorithm: Algorithm, params: Params, num_clients: int, seed: int) -> RoundState:
-    """Round 0: the server's and every client's initial state."""
+    """Round 0: the server's and every client's initial state (as device arrays)."""
+    params = jax.tree.map(jnp.asarray, params)
     client_state = algorithm.client_init(params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)).copy(),
                            client_state)

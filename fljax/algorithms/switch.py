@@ -1,0 +1,121 @@
+"""Switching algorithms at a round: FedDyn pre-training, then FedAvg.
+
+Kim et al., "FedDyn as initialization" (feddyn-as-initialization.txt), Algorithm 1: run FedDyn for
+the first T_switch rounds, then continue from its global model with FedAvg. ``switch(first, then,
+at_round)`` does this for any two algorithms:
+
+    round t < at_round:  every hook of ``first``;   t >= at_round:  every hook of ``then``.
+
+Both algorithms keep their own server and client state side by side (``then``'s state starts from
+its ``server_init``/``client_init`` of the initial model); the global model passes from one to the
+other unchanged. Compilation: both algorithms are traced into the ONE round program and each hook
+picks its branch with ``lax.cond`` on the round number, which is the same for every client, so only
+the taken branch runs and nothing is recompiled at the switch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fljax.algorithms.base import Algorithm, ClientContext
+from fljax.errors import FljaxError
+
+
+def _zeros_like_output(fn, *args):
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: fn(*args)))
+
+
+def switch(first: Algorithm, then: Algorithm, at_round: int) -> Algorithm:
+    """``first`` for rounds 0..at_round-1, ``then`` from round ``at_round`` on."""
+    if not isinstance(at_round, int) or at_round < 0:
+        raise FljaxError(f"at_round must be an integer >= 0, got {at_round!r}")
+
+    def contexts(ctx: ClientContext) -> tuple[ClientContext, ClientContext]:
+        (s1, s2), (c1, c2) = ctx.server_state, ctx.client_state
+        return (ctx._replace(server_state=s1["state"], client_state=c1),
+                ctx._replace(server_state=s2["state"], client_state=c2))
+
+    def use_first(round_index):
+        return round_index < at_round
+
+    def server_init(params):
+        return ({"state": first.server_init(params)},
+                {"state": then.server_init(params), "rounds_done": jnp.zeros((), jnp.int32)})
+
+    def client_init(params):
+        return first.client_init(params), then.client_init(params)
+
+    def client_start(ctx, key):
+        ctx1, ctx2 = contexts(ctx)
+        return jax.lax.cond(use_first(ctx.round), lambda: first.client_start(ctx1, key),
+                            lambda: then.client_start(ctx2, key))
+
+    def client_tx(ctx):
+        ctx1, ctx2 = contexts(ctx)
+        tx1, tx2 = first.client_tx(ctx1), then.client_tx(ctx2)
+
+        def init(params):
+            return tx1.init(params), tx2.init(params)
+
+        def update(grads, state, params=None):
+            s1, s2 = state
+
+            def with_first():
+                updates, new = tx1.update(grads, s1, params)
+                return updates, (new, s2)
+
+            def with_then():
+                updates, new = tx2.update(grads, s2, params)
+                return updates, (s1, new)
+
+            return jax.lax.cond(use_first(ctx.round), with_first, with_then)
+
+        return optax.GradientTransformation(init, update)
+
+    def client_loss(ctx, loss_fn):
+        ctx1, ctx2 = contexts(ctx)
+        loss1, loss2 = first.client_loss(ctx1, loss_fn), then.client_loss(ctx2, loss_fn)
+        return lambda *args: jax.lax.cond(use_first(ctx.round), lambda: loss1(*args),
+                                          lambda: loss2(*args))
+
+    def client_end(ctx, start, end):
+        ctx1, ctx2 = contexts(ctx)
+        c1, c2 = ctx.client_state
+
+        def with_first():
+            new, message = first.client_end(ctx1, start, end)
+            return (new, c2), (message, _zeros_like_output(then.client_end, ctx2, start, end)[1])
+
+        def with_then():
+            new, message = then.client_end(ctx2, start, end)
+            return (c1, new), (_zeros_like_output(first.client_end, ctx1, start, end)[1], message)
+
+        return jax.lax.cond(use_first(ctx.round), with_first, with_then)
+
+    def server_update(params, server_state, message, round_index):
+        (s1, s2), (m1, m2) = server_state, message
+
+        def with_first():
+            new_params, new = first.server_update(params, s1["state"], m1, round_index)
+            return new_params, {"state": new}, s2["state"]
+
+        def with_then():
+            new_params, new = then.server_update(params, s2["state"], m2, round_index)
+            return new_params, s1, new
+
+        new_params, new1, new2 = jax.lax.cond(use_first(round_index), with_first, with_then)
+        return new_params, (new1, {"state": new2, "rounds_done": round_index + 1})
+
+    def eval_models(params, server_state):
+        """The evaluation models of whichever algorithm made the last update (outside jit)."""
+        (s1, s2) = server_state
+        if int(s2["rounds_done"]) <= at_round:
+            return first.eval_models(params, s1["state"])
+        return then.eval_models(params, s2["state"])
+
+    return Algorithm(name=f"{first.name}->{then.name}@{at_round}", server_init=server_init,
+                     client_init=client_init, client_start=client_start, client_tx=client_tx,
+                     client_loss=client_loss, client_end=client_end, server_update=server_update,
+                     eval_models=eval_models)
