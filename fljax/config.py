@@ -13,7 +13,8 @@ from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes")
-ALGORITHMS = ("fedavg", "fedsgd")
+ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
+              "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,10 @@ class ExperimentConfig:
     conv_impl: str | None = None       # 'im2col' | 'xla'; default per backend
     # algorithm
     algorithm: str = "fedavg"          # one of ALGORITHMS
+    algorithm_args: str = "{}"         # JSON hyperparameters, e.g. '{"alpha": 0.1}' for feddyn
+    switch_to: str | None = None       # continue with this algorithm from round switch_at on
+    switch_at: int = 0                 # (feddyn-as-initialization: FedDyn, then FedAvg)
+    switch_args: str = "{}"            # JSON hyperparameters of switch_to
     server_optimizer: str = "sgd"      # any optax optimizer taking learning_rate (sgd, adam, ...)
     server_optimizer_args: str = "{}"  # JSON kwargs for it, e.g. '{"momentum": 0.9}' for FedAvgM
     server_lr: float = 1.0
@@ -104,20 +109,14 @@ class ExperimentConfig:
         work = self.local_steps if self.local_steps is not None else self.local_epochs
         if work < 1:
             raise FljaxError(f"local_steps / local_epochs must be >= 1, got {work}")
-        self.server_optimizer_kwargs()
+        if self.switch_to is not None and self.switch_to not in ALGORITHMS:
+            raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
+        if self.switch_at < 0:
+            raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
+        for name in ("server_optimizer_args", "algorithm_args", "switch_args"):
+            json_object(name, getattr(self, name))
         server_optimizer_factory(self.server_optimizer)
         return self
-
-    def server_optimizer_kwargs(self) -> dict[str, Any]:
-        try:
-            kwargs = json.loads(self.server_optimizer_args)
-        except json.JSONDecodeError as e:
-            raise FljaxError(f"server_optimizer_args must be a JSON object, got "
-                             f"{self.server_optimizer_args!r} ({e.msg})") from None
-        if not isinstance(kwargs, dict):
-            raise FljaxError(f"server_optimizer_args must be a JSON object, got "
-                             f"{self.server_optimizer_args!r}")
-        return kwargs
 
     def replace(self, **changes) -> "ExperimentConfig":
         """A copy with ``changes``, each checked against the field's type."""
@@ -131,6 +130,17 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def json_object(name: str, text: str) -> dict[str, Any]:
+    """Parse a config field holding a JSON object of keyword arguments."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FljaxError(f"{name} must be a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise FljaxError(f"{name} must be a JSON object, got {text!r}")
+    return value
 
 
 def _coerce(name: str, annotation: str, value: Any) -> Any:

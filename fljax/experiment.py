@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
 
 from fljax import algorithms
-from fljax.config import ExperimentConfig, server_optimizer_factory
+from fljax.config import ALGORITHMS, ExperimentConfig, json_object, server_optimizer_factory
 from fljax.data import loaders, partition
 from fljax.data.federated import FederatedData, federate
 from fljax.engine import RoundFunction, RoundState, init_state, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
+from fljax.models.heads import with_projection_head
 
 
 class Experiment(NamedTuple):
@@ -42,20 +44,55 @@ def split_clients(config: ExperimentConfig, labels: np.ndarray) -> list[np.ndarr
                                         seed=config.seed)
 
 
-def build_algorithm(config: ExperimentConfig) -> algorithms.Algorithm:
-    """The algorithm named by the config, with its local and server optimizers."""
-    if config.algorithm == "fedsgd":
-        return algorithms.fedsgd(config.lr)
-    client = algorithms.local_sgd(config.lr, round_decay=config.lr_decay,
-                                  momentum=config.momentum, weight_decay=config.weight_decay,
-                                  clip_norm=config.clip_norm)
-    factory = server_optimizer_factory(config.server_optimizer)
+def algorithm_factories() -> dict[str, Callable[..., algorithms.Algorithm]]:
+    """Every algorithm the CLI knows, by name (the keys of config.ALGORITHMS)."""
+    return {name: getattr(algorithms, name) for name in ALGORITHMS}
+
+
+def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Model,
+                   client_sizes: np.ndarray) -> algorithms.Algorithm:
+    """Call the factory ``name`` with the config's local optimizer and ``kwargs``.
+
+    What a factory takes beyond its hyperparameters is filled in from the experiment: ``model``
+    (feature regularizers), ``client_sizes`` (FedDyn's adaptive alpha), ``server_lr`` and
+    ``server_optimizer`` (from --server-lr / --server-optimizer) unless given in ``kwargs``.
+    """
+    factory = algorithm_factories()[name]
+    if name == "fedsgd":
+        return factory(config.lr)
+    local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
+                                 weight_decay=config.weight_decay, clip_norm=config.clip_norm)
+    accepted = inspect.signature(factory).parameters
+    extras = {"model": model, "client_sizes": client_sizes, "server_lr": config.server_lr}
+    kwargs = {**{k: v for k, v in extras.items() if k in accepted}, **kwargs}
+    if "server_optimizer" in accepted and "server_optimizer" not in kwargs:
+        optimizer = server_optimizer_factory(config.server_optimizer)
+        try:
+            kwargs["server_optimizer"] = optimizer(
+                learning_rate=config.server_lr,
+                **json_object("server_optimizer_args", config.server_optimizer_args))
+        except TypeError as e:
+            raise FljaxError(f"server_optimizer {config.server_optimizer!r} does not take "
+                             f"{config.server_optimizer_args}: {e}") from None
     try:
-        server = factory(learning_rate=config.server_lr, **config.server_optimizer_kwargs())
+        return factory(local, **kwargs)
     except TypeError as e:
-        raise FljaxError(f"server_optimizer {config.server_optimizer!r} does not take "
-                         f"{config.server_optimizer_args}: {e}") from None
-    return algorithms.fedavg(client, server)
+        allowed = [k for k, p in accepted.items() if p.kind == p.KEYWORD_ONLY
+                   and k not in extras and k not in ("name", "server_optimizer")]
+        raise FljaxError(f"algorithm {name!r} does not take {sorted(kwargs.keys() - extras.keys())}"
+                         f" ({e}); its hyperparameters are {allowed}") from None
+
+
+def build_algorithm(config: ExperimentConfig, model: Model,
+                    client_sizes: np.ndarray) -> algorithms.Algorithm:
+    """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` if set."""
+    first = make_algorithm(config.algorithm, json_object("algorithm_args", config.algorithm_args),
+                           config, model, client_sizes)
+    if config.switch_to is None:
+        return first
+    then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
+                          config, model, client_sizes)
+    return algorithms.switch(first, then, config.switch_at)
 
 
 def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None) -> Experiment:
@@ -73,7 +110,9 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     data = federate(dataset.x_train, dataset.y_train, parts, dataset.num_classes)
     model = make_model(config.model, dataset.x_train.shape[1:], dataset.num_classes,
                        conv_impl=config.conv_impl)
-    algorithm = algorithm or build_algorithm(config)
+    if "moon" in (config.algorithm, config.switch_to):
+        model = with_projection_head(model)
+    algorithm = algorithm or build_algorithm(config, model, np.asarray(data.count))
     fedsgd = config.algorithm == "fedsgd"
     round_fn = make_round(
         algorithm, model, data, clients_per_round=config.clients_per_round,

@@ -1,11 +1,26 @@
-"""Federated algorithms: NamedTuples of pure functions built by factories."""
+"""Federated algorithms: NamedTuples of pure functions built by factories, one module each."""
 
 from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD,
                                    as_client_optimizer,
                                    identity_loss, identity_start, local_sgd, no_client_state,
                                    tree_scale, tree_sub)
 from fljax.algorithms.fedavg import fedavg, fedsgd
+from fljax.algorithms.fedcm import fedcm
+from fljax.algorithms.feddecorr import feddecorr
+from fljax.algorithms.feddyn import feddyn
+from fljax.algorithms.fedexp import fedexp
+from fljax.algorithms.fednova import fednova
+from fljax.algorithms.fedntd import fedntd
+from fljax.algorithms.fedprox import fedprox
+from fljax.algorithms.fedsam import fedsam
+from fljax.algorithms.moon import moon
+from fljax.algorithms.scaffold import scaffold
+from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, fedadam,
+                                                fedadam_server, fedavgm, fedyogi, fedyogi_server)
+from fljax.algorithms.switch import switch
 
-__all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer", "fedavg",
-           "fedsgd", "identity_loss", "identity_start", "local_sgd", "no_client_state",
-           "tree_scale", "tree_sub"]
+__all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
+           "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg", "fedavgm",
+           "fedcm", "feddecorr", "feddyn", "fedexp", "fednova", "fedntd", "fedprox", "fedsam",
+           "fedsgd", "fedyogi", "fedyogi_server", "identity_loss", "identity_start", "local_sgd",
+           "moon", "no_client_state", "scaffold", "switch", "tree_scale", "tree_sub"]

@@ -1,0 +1,59 @@
+"""One property test swept over every algorithm the CLI knows (and a switch between two)."""
+
+import jax
+import numpy as np
+import pytest
+
+from fljax.config import ALGORITHMS, ExperimentConfig
+from fljax.data.federated import federate
+from fljax.engine import init_state, make_round
+from fljax.experiment import algorithm_factories, build_algorithm
+from fljax.models import MLP, from_module
+from fljax.models.heads import with_projection_head
+
+
+def test_every_config_name_has_a_factory():
+    assert set(algorithm_factories()) == set(ALGORITHMS)
+
+
+def run(config, rounds=3):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 4, 4, 1)).astype(np.float32)
+    y = rng.integers(0, 5, 120)
+    sizes = [8, 30, 12, 25, 5, 40]
+    data = federate(x, y, np.split(rng.permutation(120), np.cumsum(sizes)[:-1]), 5)
+    model = from_module("tiny", MLP(hidden=(16,), num_classes=5), (4, 4, 1), 5)
+    if "moon" in (config.algorithm, config.switch_to):
+        model = with_projection_head(model, out_dim=8)
+    alg = build_algorithm(config, model, np.asarray(sizes))
+    round_fn = make_round(alg, model, data, clients_per_round=3, batch_size=8,
+                          local_epochs=1, aggregation=config.aggregation)
+    state = init_state(alg, model.init(jax.random.PRNGKey(0)), len(sizes), seed=1)
+    shapes = jax.tree.map(lambda a: (a.shape, a.dtype), state)
+    history = []
+    for _ in range(rounds):
+        state, metrics = round_fn(state)
+        history.append(float(metrics["train_loss"]))
+    return jax.device_get(state), shapes, history, round_fn, alg
+
+
+CONFIGS = [ExperimentConfig(algorithm=name, lr=0.05) for name in ALGORITHMS] + [
+    ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.05)]
+
+
+@pytest.mark.parametrize("config", CONFIGS,
+                         ids=[c.algorithm + (f"->{c.switch_to}" if c.switch_to else "")
+                              for c in CONFIGS])
+def test_finite_stable_deterministic_and_compiled_once(config):
+    state, shapes, history, round_fn, alg = run(config)
+    assert round_fn.compilations() == 1
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), state) == shapes
+    assert all(np.isfinite(h) for h in history)
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(state))
+    again, _, history_again, _, _ = run(config)
+    assert history == history_again
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(a, b)
+    models = alg.eval_models(state.params, state.server_state)
+    assert next(iter(models)) in ("global",)
+    assert int(state.round) == 3
