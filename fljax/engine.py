@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fljax.algorithms.base import Algorithm, ClientContext, Params
-from fljax.data.batching import client_batch, steps_per_epoch
+from fljax.data.batching import batch_from_order, epoch_order_at, steps_per_epoch
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model, cross_entropy
@@ -88,7 +88,8 @@ def _map_sum(fn, inputs, chunk: int):
         if chunk == 1:
             state, metrics = jax.tree.map(lambda a: a[None], (state, metrics))
         else:
-            msg = jax.tree.map(lambda a: a.sum(axis=0), msg)
+            # A contraction with ones: XLA:CPU reduces a vmapped axis with sum() ~3x slower.
+            msg = jax.tree.map(lambda a: jnp.tensordot(jnp.ones(chunk, a.dtype), a, axes=1), msg)
         return jax.tree.map(jnp.add, acc, msg), (state, metrics)
 
     chunks = jax.tree.map(lambda a: a.reshape(rows // chunk, chunk, *a.shape[1:]), inputs)
@@ -187,8 +188,9 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         grad_fn = jax.value_and_grad(loss_fn)
 
         def step(carry, k):
-            local, opt_state = carry
-            positions, mask = client_batch(batch_key, count, k, batch, max_count)
+            local, opt_state, order = carry
+            order = epoch_order_at(batch_key, count, k, batch, max_count, order)
+            positions, mask = batch_from_order(order, count, k, batch, max_count)
             ids = data.index[offset + positions]
             x, y = data.x[ids], data.y[ids]
             rng = jax.random.fold_in(step_key, k)
@@ -199,11 +201,12 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
             new_local = optax.apply_updates(local, updates)
             active = k < num_steps
             keep = lambda new, old: jnp.where(active, new, old)
-            carry = (jax.tree.map(keep, new_local, local), jax.tree.map(keep, new_opt_state,
-                                                                        opt_state))
+            carry = (jax.tree.map(keep, new_local, local),
+                     jax.tree.map(keep, new_opt_state, opt_state), order)
             return carry, jnp.where(active, loss, 0.0)
 
-        (end, _), losses = jax.lax.scan(step, (start, tx.init(start)), jnp.arange(max_steps))
+        first = (start, tx.init(start), jnp.zeros(max_count, jnp.int32))
+        (end, _, _), losses = jax.lax.scan(step, first, jnp.arange(max_steps))
         new_state, message = algorithm.client_end(ctx, start, end)
         metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps}
         return new_state, message, metrics

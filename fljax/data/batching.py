@@ -24,16 +24,32 @@ def epoch_order(key: jax.Array, count: jax.Array, max_count: int) -> jax.Array:
     return jnp.argsort(noise)
 
 
-def client_batch(key: jax.Array, count: jax.Array, step: jax.Array, batch_size: int,
-                 max_count: int) -> tuple[jax.Array, jax.Array]:
-    """Positions in the client's data for local step ``step``, and their validity mask.
+def epoch_order_at(key: jax.Array, count: jax.Array, step: jax.Array, batch_size: int,
+                   max_count: int, previous: jax.Array) -> jax.Array:
+    """The order used at local step ``step``: drawn at the first step of an epoch, else ``previous``.
 
-    Returns ``(positions [B] int32, mask [B] bool)``; positions index ``0..n_i-1``.
+    Carried through the scan over local steps, so the argsort runs once per epoch, not per step.
     """
     per_epoch = steps_per_epoch(count, batch_size)
-    epoch, within = step // per_epoch, step % per_epoch
-    order = epoch_order(jax.random.fold_in(key, epoch), count, max_count)
+    return jax.lax.cond(step % per_epoch == 0,
+                        lambda: epoch_order(jax.random.fold_in(key, step // per_epoch), count,
+                                            max_count).astype(previous.dtype),
+                        lambda: previous)
+
+
+def batch_from_order(order: jax.Array, count: jax.Array, step: jax.Array, batch_size: int,
+                     max_count: int) -> tuple[jax.Array, jax.Array]:
+    """Positions (``[B] int32``, indexing ``0..n_i-1``) of step ``step``'s batch, and its mask."""
+    within = step % steps_per_epoch(count, batch_size)
     slots = within * batch_size + jnp.arange(batch_size)
     mask = slots < count
     positions = order[jnp.minimum(slots, max_count - 1)]
     return positions.astype(jnp.int32), mask
+
+
+def client_batch(key: jax.Array, count: jax.Array, step: jax.Array, batch_size: int,
+                 max_count: int) -> tuple[jax.Array, jax.Array]:
+    """``batch_from_order`` for a single step, drawing its epoch's order afresh."""
+    epoch = step // steps_per_epoch(count, batch_size)
+    order = epoch_order(jax.random.fold_in(key, epoch), count, max_count)
+    return batch_from_order(order, count, step, batch_size, max_count)
