@@ -1,0 +1,108 @@
+"""Per-round wall time of every algorithm relative to FedAvg, on round_speed's setup (a).
+
+    python benchmarks/algorithm_cost.py [--quick] [--out BENCHMARKS.md]
+
+Setup (a) of round_speed.py: make_model('small_cnn', (28, 28, 1), 10), 10 clients x 1600 synthetic
+examples, all 10 per round, 50 local steps at batch 32, local SGD lr 0.05, the backend's default
+client strategy and conv. Each algorithm is built as the CLI builds it (``build_algorithm`` with
+default hyperparameters); MOON's model carries its projection head, as in the CLI. All rows are
+timed round-robin in one run (``timing.round_robin``) and reported as a ratio to FedAvg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import jax
+import numpy as np
+
+import fljax
+from fljax.config import ALGORITHMS, ExperimentConfig
+from fljax.experiment import build_algorithm
+from fljax.models.heads import with_projection_head
+from round_speed import LEARNING_RATE, NUM_CLASSES, SETUPS, synthetic_data
+from timing import DISTURBED, machine, round_robin, write_section
+
+TARGET = 1.2   # every algorithm within 1.2x of FedAvg ...
+# ... except where the algorithm itself does more model work per local step than FedAvg's one
+# forward and backward pass (the work any implementation must do):
+EXTRA_WORK = {
+    "fedsam": "a second forward and backward pass per step (the SAM ascent)",
+    "moon": "two extra forward passes per step (global and previous model) and a projection head",
+    "fedntd": "an extra forward pass of the global model per step",
+    "scaffold": "option II (default) needs none; option I would add a full-gradient pass",
+}
+INHERENT = ("fedsam", "moon", "fedntd")
+SWITCH = "feddyn->fedavg"
+
+
+def candidate(name: str, setup, data) -> callable:
+    """A closure running one round of ``name`` (or the feddyn->fedavg switch, still in FedDyn)."""
+    model = setup.build(fljax.models.default_conv_impl())
+    if name == "moon":
+        model = with_projection_head(model)
+    if name == SWITCH:
+        config = ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=10**6,
+                                  lr=LEARNING_RATE)
+    else:
+        config = ExperimentConfig(algorithm=name, lr=LEARNING_RATE)
+    algorithm = build_algorithm(config, model, np.asarray(data.count))
+    round_fn = fljax.make_round(algorithm, model, data, clients_per_round=setup.cohort,
+                                batch_size=setup.batch, local_steps=setup.local_steps)
+    state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
+
+    def run():
+        nonlocal state
+        state, metrics = round_fn(state)
+        jax.block_until_ready((state, metrics))
+
+    return run
+
+
+def report(names, timings, rounds: int) -> str:
+    base = timings[names.index("fedavg")].seconds
+    lines = [f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. Median of {rounds} "
+             "timed rounds per row after one warm-up round, rows timed round-robin in one run.",
+             "", "| algorithm | s/round | ratio to FedAvg | within 1.2x | note |",
+             "|---|---|---|---|---|"]
+    for name, t in zip(names, timings):
+        ratio = t.seconds / base
+        ok = "yes" if ratio <= TARGET else ("no (inherent)" if name in INHERENT else "**no**")
+        note = EXTRA_WORK.get(name, "")
+        if name == SWITCH:
+            note = "switch(feddyn, fedavg) before the switch: its lax.cond next to plain FedDyn"
+        if t.disturbed:
+            note += f" ({t.disturbed} disturbed rounds dropped)"
+        lines.append(f"| {name} | {t.seconds:.3f} | {ratio:.2f}x | {ok} | {note} |")
+    if not any(t.disturbed for t in timings):
+        lines += ["", f"No timed round was disturbed (other processes took <= {DISTURBED} of a "
+                  "core during every timed round)."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one timed round per algorithm")
+    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
+    args = parser.parse_args()
+    rounds = 1 if args.quick else 5
+    setup = SETUPS[0]
+    x, y = synthetic_data(setup)
+    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+    names = [n for n in ALGORITHMS if n != "fedsgd"] + [SWITCH]   # FedSGD: one full-batch step
+    runs = []
+    for name in names:
+        print("building", name, flush=True)
+        runs.append(candidate(name, setup, data))
+    timings = round_robin(runs, [rounds] * len(runs))
+    body = report(names, timings, rounds)
+    print("\n" + body)
+    backend = "GPU" if jax.default_backend() == "gpu" else "CPU"
+    write_section(args.out, f"Algorithm cost, {backend} (`benchmarks/algorithm_cost.py`)",
+                  __doc__.split("\n\n", 2)[2].strip() + "\n\n" + body)
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
