@@ -144,7 +144,8 @@ def json_object(name: str, text: str) -> dict[str, Any]:
 
 
 def _coerce(name: str, annotation: str, value: Any) -> Any:
-    """Check ``value`` against a field annotation such as 'float | None'; ints pass as floats."""
+    """Check ``value`` against a field annotation such as 'float | None'; ints pass as floats,
+    a dict passes as its JSON text for the ``*_args`` fields."""
     allowed = [t.strip() for t in annotation.split("|")]
     if value is None and "None" in allowed:
         return None
@@ -156,6 +157,8 @@ def _coerce(name: str, annotation: str, value: Any) -> Any:
         return float(value)
     if "str" in allowed and isinstance(value, str):
         return value
+    if name.endswith("_args") and isinstance(value, dict):   # a JSON object given as one
+        return json.dumps(value)
     raise FljaxError(f"{name} must be of type {annotation}, got {value!r}")
 
 

@@ -138,3 +138,13 @@ def test_normalize_channels():
         normalize_channels(ds, [0.5, 0.5, 0.5], [1.0, 1.0, 1.0])
     with pytest.raises(FljaxError, match="std must be > 0"):
         normalize_channels(ds, [0.5], [0.0])
+
+
+def test_cifar_is_standardized_per_channel_as_in_the_feddyn_code(tmp_path, no_network):
+    with tfds.testing.mock_data(num_examples=6):
+        raw = load_tfds("cifar10", data_dir=tmp_path)
+        ds = load_dataset("cifar10", data_dir=tmp_path)
+    mean, std = loaders.CHANNEL_STATS["cifar10"]
+    np.testing.assert_allclose(ds.x_train, (raw.x_train - np.array(mean)) / np.array(std),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ds.y_test, raw.y_test)

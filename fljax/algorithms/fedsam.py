@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, ClientOptimizer, LocalSGD, LossFn

@@ -206,9 +206,14 @@ def load_npz(path: str) -> Dataset:
                    arrays["y_test"].astype(np.int32), num_classes)
 
 
+# Per-channel (mean, std) the FedDyn-family code standardizes CIFAR with, once, before training.
+CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
+                 "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761))}
+
+
 def load_dataset(name: str, *, data_dir=None) -> Dataset:
     """'digits' -> :func:`load_digits`; a path ending in .npz -> :func:`load_npz`; any other name
-    -> :func:`load_tfds` from ``data_dir``."""
+    -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel, CHANNEL_STATS)."""
     if name == "digits":
         return load_digits()
     if name.endswith(".npz"):
@@ -218,7 +223,10 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
             f"dataset {name!r} needs a data directory with the prepared tfds data: pass --data-dir "
             "(only 'digits' loads without one)"
         )
-    return load_tfds(name, data_dir=data_dir)
+    dataset = load_tfds(name, data_dir=os.path.expanduser(str(data_dir)))
+    if name in CHANNEL_STATS:
+        dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
+    return dataset
 
 
 def normalize_channels(ds: Dataset, mean, std) -> Dataset:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from fljax.errors import FljaxError
 from fljax.models.layers import (conv_function, default_conv_impl, max_pool, torch_bias_init,
