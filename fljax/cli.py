@@ -2,6 +2,7 @@
 
     fljax [--config FILE] [--fresh] [--flag VALUE ...]   run one experiment (resumes by default)
     fljax plot RUN_DIR [RUN_DIR ...] [--out FILE.png]    accuracy and loss curves of runs
+    fljax sweep FILE [--scale cpu] [--out-dir DIR]        a paper's table: a grid of runs
 
 Every ExperimentConfig field is a flag (``--clients-per-round 10``). Bad values exit with code 2
 and one line naming the value and what is allowed; Ctrl-C saves a checkpoint and exits with 130.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from fljax.config import ExperimentConfig, load_config
@@ -61,6 +63,42 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
+def _sweep(argv: list[str]) -> int:
+    from fljax import sweep
+    from fljax.train import RunInterrupted, run
+
+    parser = argparse.ArgumentParser(prog="fljax sweep", description="Run every cell of a sweep "
+                                     "file (rows x columns x seeds; see fljax/sweep.py) and "
+                                     "write its table of final test accuracies.")
+    parser.add_argument("file")
+    parser.add_argument("--scale", help="one of the file's scales (e.g. cpu, full)")
+    parser.add_argument("--out-dir", help="where the runs go (default: runs/FILE_NAME)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="instead of the file's seeds")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value in every run (JSON value), e.g. "
+                             "--set rounds=3 --set dataset=cifar100")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    spec = sweep.load_sweep(args.file)
+    name = os.path.splitext(os.path.basename(args.file))[0]
+    out_dir = args.out_dir or os.path.join("runs", name)
+    changes = sweep.parse_settings(args.set)
+    cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, **changes)
+    try:
+        results = sweep.run_sweep(spec, cell_list,
+                                  lambda config: run(config, progress=not args.quiet))
+    except RunInterrupted as e:
+        print(f"fljax: {e}", file=sys.stderr)
+        return 130
+    text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
+        spec, results, args.scale)
+    path = os.path.join(out_dir, args.scale or "base", "results.md")
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    print(text + f"\n\nwritten to {path}")
+    return 0
+
+
 def _run(argv: list[str]) -> int:
     from fljax.train import RunInterrupted, results_table, run
 
@@ -79,7 +117,10 @@ def _run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        return _plot(argv[1:]) if argv[:1] == ["plot"] else _run(argv)
+        commands = {"plot": _plot, "sweep": _sweep}
+        if argv[:1] and argv[0] in commands:
+            return commands[argv[0]](argv[1:])
+        return _run(argv)
     except FljaxError as e:
         print(f"fljax: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,110 @@
+"""Sweep files (a paper's table as rows x columns x seeds): cells, scales, table, and every
+experiments/*.json sweep at its CPU scale end to end (a few rounds)."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from fljax import sweep
+from fljax.cli import main
+from fljax.errors import FljaxError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEPS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.json"))
+                if "rows" in json.load(open(p)))
+
+SPEC = {"title": "t", "base": {"lr": 0.1, "rounds": 10},
+        "rows": {"IID": {"partition": "iid"}, "Dir": {"partition": "dirichlet", "alpha": 0.5}},
+        "columns": {"A": {"algorithm": "fedavg"},
+                    "B->A": {"algorithm": "feddyn", "switch_to": "fedavg", "switch_at": 8,
+                             "algorithm_args": {"alpha": 0.1}}},
+        "seeds": [0, 1],
+        "scales": {"small": {"base": {"rounds": 4, "lr": 0.2}, "B->A": {"switch_at": 3},
+                             "target_accuracy": 0.5}}}
+
+
+def test_cells_apply_base_row_column_scale_in_order(tmp_path):
+    cells = sweep.cells(SPEC, "small", str(tmp_path))
+    assert [(c.row, c.column, c.seed) for c in cells] == [
+        (r, c, s) for r in ("IID", "Dir") for c in ("A", "B->A") for s in (0, 1)]
+    switched = [c for c in cells if c.column == "B->A"]
+    assert all(c.config.switch_at == 3 and c.config.rounds == 4 and c.config.lr == 0.2
+               for c in switched)
+    assert json.loads(switched[0].config.algorithm_args) == {"alpha": 0.1}
+    assert cells[-1].config.partition == "dirichlet" and cells[-1].config.alpha == 0.5
+    assert cells[-1].config.out_dir == os.path.join(str(tmp_path), "small", "Dir", "B_to_A",
+                                                    "seed_1")
+    base = sweep.cells(SPEC, None, str(tmp_path), seeds=[5], rounds=2)
+    assert {c.config.switch_at for c in base if c.column == "B->A"} == {8}
+    assert {(c.seed, c.config.rounds) for c in base} == {(5, 2)}
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(rows={}), "'rows' must be a non-empty object"),
+    (dict(columns={"a/b": {}}), "may hold only"),
+    (dict(seeds=[]), "'seeds' must be a non-empty list"),
+    (dict(extra=1), "unknown sweep key(s) ['extra']"),
+])
+def test_bad_sweep_files_are_rejected(tmp_path, change, message):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({**SPEC, **change}))
+    with pytest.raises(FljaxError) as e:
+        sweep.load_sweep(str(path))
+    assert message in str(e.value)
+
+
+def test_bad_scale_and_bad_values_name_the_run(tmp_path):
+    with pytest.raises(FljaxError, match=r"scale must be one of \['small'\], got 'big'"):
+        sweep.cells(SPEC, "big", str(tmp_path))
+    bad = {**SPEC, "columns": {"A": {"lr": -1.0}}}
+    with pytest.raises(FljaxError, match="sweep run 'IID' / 'A': lr must be > 0"):
+        sweep.cells(bad, None, str(tmp_path))
+    with pytest.raises(FljaxError, match="KEY=VALUE"):
+        sweep.parse_settings(["rounds"])
+    assert sweep.parse_settings(["rounds=3", "dataset=cifar100"]) == {"rounds": 3,
+                                                                     "dataset": "cifar100"}
+
+
+def test_table_mean_std_bold_best_and_rounds_to_target(tmp_path):
+    cells = sweep.cells(SPEC, "small", str(tmp_path))
+    curve = lambda *accs: [{"round": 2 * (i + 1), "accuracy": a} for i, a in enumerate(accs)]
+    results = {}
+    for c in cells:
+        if c.column == "A":
+            results[c] = curve(0.3, 0.4) if c.seed == 0 else curve(0.3, 0.6)
+        else:
+            results[c] = curve(0.5, 0.8) if c.row == "IID" else curve(0.2, 0.9 - 0.5 * c.seed)
+    lines = sweep.table(SPEC, results, "small").splitlines()
+    assert lines[0] == "| setting | A | B->A |"
+    assert lines[2] == "| IID | 50.00 ± 14.14 | **80.00 ± 0.00** |"
+    assert lines[3] == "| IID: rounds to 50% | x | 2 |"
+    assert lines[4] == "| Dir | 50.00 ± 14.14 | **65.00 ± 35.36** |"
+    assert lines[5] == "| Dir: rounds to 50% | x | x |"
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])
+def test_every_scale_of_every_experiment_sweep_validates(path, tmp_path):
+    spec = sweep.load_sweep(path)
+    assert {"cpu", "full"} <= set(spec["scales"])
+    for scale in spec["scales"]:
+        assert sweep.cells(spec, scale, str(tmp_path))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])
+def test_experiment_sweep_runs_at_cpu_scale(path, tmp_path, capsys):
+    out = str(tmp_path / "runs")
+    argv = ["sweep", path, "--scale", "cpu", "--out-dir", out, "--seeds", "0",
+            "--set", "rounds=2", "--set", "eval_every=1", "--quiet"]
+    assert main(argv) == 0
+    with open(os.path.join(out, "cpu", "results.md")) as f:
+        text = f.read()
+    spec = sweep.load_sweep(path)
+    assert all(f"| {row} |" in text for row in spec["rows"])
+    logs = glob.glob(os.path.join(out, "cpu", "*", "*", "seed_0", "metrics.jsonl"))
+    assert len(logs) == len(spec["rows"]) * len(spec["columns"])
+    before = {p: open(p).read() for p in logs}
+    assert main(argv) == 0                      # finished runs resume and are not trained again
+    assert {p: open(p).read() for p in logs} == before
+    capsys.readouterr()
