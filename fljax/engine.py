@@ -154,13 +154,12 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     def model_loss(params, x, y, mask, rng):
         return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
 
-    def one_client(client_id, client_state, weight, params, server_state, round_index, key,
-                   data: FederatedData):
+    def context(client_id, client_state, weight, params, server_state, round_index,
+                data: FederatedData, cohort_message=()) -> ClientContext:
         count = data.count[client_id]
         offset = data.offset[client_id]
         per_epoch = steps_per_epoch(count, batch)
         num_steps = local_steps if local_steps is not None else local_epochs * per_epoch
-        num_steps = jnp.asarray(num_steps, jnp.int32)
 
         def full_gradient(at_params):
             """grad of (1/n_i) sum_j loss(x_j): the client's data in order, in batches of B."""
@@ -176,11 +175,23 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
             total, _ = jax.lax.scan(body, zeros, jnp.arange(-(-max_count // batch)))
             return total
 
-        ctx = ClientContext(params=params, server_state=server_state, client_state=client_state,
-                            round=round_index, client_id=client_id, weight=weight,
-                            cohort_size=clients_per_round, num_clients=num_clients,
-                            num_examples=count, num_steps=num_steps, steps_per_epoch=per_epoch,
-                            full_gradient=full_gradient)
+        return ClientContext(params=params, server_state=server_state, client_state=client_state,
+                             round=round_index, client_id=client_id, weight=weight,
+                             cohort_size=clients_per_round, num_clients=num_clients,
+                             num_examples=count, num_steps=jnp.asarray(num_steps, jnp.int32),
+                             steps_per_epoch=per_epoch, full_gradient=full_gradient,
+                             cohort_message=cohort_message)
+
+    def client_first_exchange(client_id, client_state, weight, params, server_state, round_index,
+                              data: FederatedData):
+        ctx = context(client_id, client_state, weight, params, server_state, round_index, data)
+        return (), algorithm.cohort_start(ctx), ()
+
+    def one_client(client_id, client_state, weight, params, server_state, round_index, key,
+                   data: FederatedData, cohort_message):
+        ctx = context(client_id, client_state, weight, params, server_state, round_index, data,
+                      cohort_message)
+        count, offset, num_steps = ctx.num_examples, data.offset[client_id], ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
         start = algorithm.client_start(ctx, start_key)
         tx = algorithm.client_tx(ctx)
@@ -208,12 +219,21 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         first = (start, tx.init(start), jnp.zeros(max_count, jnp.int32))
         (end, _, _), losses = jax.lax.scan(step, first, jnp.arange(max_steps))
         new_state, message = algorithm.client_end(ctx, start, end)
-        metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps}
+        metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps,
+                   **algorithm.client_metrics(ctx, start, end)}
         return new_state, message, metrics
 
+    def cohort_sum(fn, ids, states, weights):
+        _, total, _ = _map_sum(fn, (ids, states, weights), client_chunk)
+        return total if num_devices == 1 else jax.lax.psum(total, "clients")
+
     def run_clients(ids, states, weights, params, server_state, round_index, key, data):
-        fn = functools.partial(one_client, params=params, server_state=server_state,
-                               round_index=round_index, key=key, data=data)
+        shared = dict(params=params, server_state=server_state, round_index=round_index, data=data)
+        cohort_message = ()
+        if algorithm.cohort_start is not None:
+            first = functools.partial(client_first_exchange, **shared)
+            cohort_message = cohort_sum(first, ids, states, weights)
+        fn = functools.partial(one_client, key=key, cohort_message=cohort_message, **shared)
         new_states, message_sum, metrics = _map_sum(fn, (ids, states, weights), client_chunk)
         if num_devices > 1:
             message_sum = jax.lax.psum(message_sum, "clients")
@@ -243,9 +263,9 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         new_state = RoundState(round=state.round + 1, key=state.key, params=params,
                                server_state=server_state, client_states=client_states)
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
-        round_metrics = {"train_loss": jnp.sum(weights * metrics["loss"]), "clients": cohort,
-                         "params_finite": finite,
-                         "client_loss": metrics["loss"], "client_steps": metrics["steps"]}
+        round_metrics = {"train_loss": jnp.sum(weights * metrics.pop("loss")), "clients": cohort,
+                         "params_finite": finite, "client_steps": metrics.pop("steps"),
+                         **{name: jnp.mean(values) for name, values in metrics.items()}}
         return new_state, round_metrics
 
     if mesh is not None:

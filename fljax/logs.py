@@ -42,10 +42,16 @@ class RunLog:
         self._tb = SummaryWriter(os.path.join(out_dir, "tb"),
                                  purge_step=None if resume_round is None else resume_round + 1)
 
-    def round(self, round_index: int, train_loss: float, clients: list[int], time_s: float):
+    def round(self, round_index: int, train_loss: float, clients: list[int], time_s: float,
+              extras: dict[str, float] | None = None):
+        """One round's record; ``extras``: further scalars (communication rounds, the cohort
+        means of an algorithm's client metrics such as FedInit's divergence)."""
+        extras = extras or {}
         self._write({"kind": "round", "round": round_index, "train_loss": train_loss,
-                     "clients": clients, "time_s": time_s})
+                     "clients": clients, **extras, "time_s": time_s})
         self._tb.add_scalar("train/loss", train_loss, round_index)
+        for name, value in extras.items():
+            self._tb.add_scalar(f"train/{name}", value, round_index)
 
     def evaluation(self, round_index: int, scores: dict[str, float], time_s: float):
         self._write({"kind": "eval", "round": round_index, **scores, "time_s": time_s})

@@ -68,6 +68,9 @@ def _sigint_flag():
         signal.signal(signal.SIGINT, previous)
 
 
+ROUND_KEYS = ("train_loss", "clients", "params_finite", "client_steps")
+
+
 def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         experiment: Experiment | None = None) -> list[dict[str, Any]]:
     """Train until round ``config.rounds``, resuming from ``config.out_dir`` unless ``fresh``.
@@ -96,6 +99,10 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                unit="round", dynamic_ncols=True)
     postfix: dict[str, str] = {}
 
+    def exchanged(rounds: int) -> int:
+        """Server<->client exchanges in rounds 0..rounds-1 (FedGA's extra one counted)."""
+        return sum(experiment.algorithm.exchanges(t) for t in range(rounds))
+
     def check_and_log(round_index: int, metrics: dict) -> None:
         m = jax.device_get(metrics)
         loss = float(m["train_loss"])
@@ -110,8 +117,10 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                 + (f"The last good checkpoint (round {kept}) is kept in "
                    f"{checkpoints.directory!r}" if kept is not None else "No checkpoint was "
                    "written yet"))
+        extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
         log.round(round_index, loss, np.asarray(m["clients"]).tolist(),
-                  time.perf_counter() - start)
+                  time.perf_counter() - start,
+                  {"communication_rounds": exchanged(round_index), **extras})
         postfix["loss"] = f"{loss:.4f}"
         bar.set_postfix(postfix)
         bar.update(1)
@@ -132,7 +141,8 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                     check_and_log(*pending)
                     pending = None
                 if evaluate:
-                    scores = evaluate_models(experiment, state)
+                    scores = {**evaluate_models(experiment, state),
+                              "communication_rounds": exchanged(t + 1)}
                     log.evaluation(t + 1, scores, time.perf_counter() - start)
                     postfix["acc"] = f"{scores['accuracy']:.3f}"
                 if save:

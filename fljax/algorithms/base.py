@@ -2,6 +2,8 @@
 
 A communication round, as the engine runs it for every sampled client i (all inside one jit):
 
+    [c_i           = cohort_start(ctx); C = sum_i c_i]       # optional first exchange (FedGA's
+                                                             #   full gradients), C in ctx
     ctx            = ClientContext(global params w, server state, client state s_i, round, ...)
     y_i,0          = client_start(ctx, key)                  # FedInit relaxed init, FedGA
     tx             = client_tx(ctx)                          # local optax chain: corrections,
@@ -13,6 +15,8 @@ A communication round, as the engine runs it for every sampled client i (all ins
     w', server'    = server_update(w, server state, M, round)
     models         = eval_models(w', server')                # what evaluation reports; "global"
                                                              #   first (FedExP's two-iterate mean)
+    client_metrics(ctx, y_i,0, y_i,K)                        # per-client scalars; the round
+                                                             #   reports their cohort mean
 
 Messages are SUMMED over the cohort, so a client scales its own message: ``ctx.weight`` is its
 aggregation weight p_i (example-count or uniform, summing to 1 over the cohort), and
@@ -48,6 +52,7 @@ class ClientContext(NamedTuple):
     steps_per_epoch: jax.Array  # shape=(), int32: ceil(n_i / batch size)
     full_gradient: Callable[[Params], Params]  # grad of the mean model loss over all n_i
                                                # examples (traced only if an algorithm calls it)
+    cohort_message: Any = ()  # sum over the cohort of cohort_start's messages (if it has one)
 
 
 class Algorithm(NamedTuple):
@@ -63,6 +68,11 @@ class Algorithm(NamedTuple):
     server_update: Callable[[Params, Any, Any, jax.Array], tuple[Params, Any]]
     eval_models: Callable[[Params, Any], dict[str, Params]] = (
         lambda params, server_state: {"global": params})
+    cohort_start: Callable[[ClientContext], Any] | None = None
+    client_metrics: Callable[[ClientContext, Params, Params], dict[str, jax.Array]] = (
+        lambda ctx, start, end: {})
+    exchanges: Callable[[int], int] = lambda round_index: 1   # server<->client exchanges in
+                                                              #   round t (FedGA: 2)
 
 
 class LocalSGD(NamedTuple):

@@ -32,11 +32,6 @@ def switch(first: Algorithm, then: Algorithm, at_round: int) -> Algorithm:
     if not isinstance(at_round, int) or at_round < 0:
         raise FljaxError(f"at_round must be an integer >= 0, got {at_round!r}")
 
-    def contexts(ctx: ClientContext) -> tuple[ClientContext, ClientContext]:
-        (s1, s2), (c1, c2) = ctx.server_state, ctx.client_state
-        return (ctx._replace(server_state=s1["state"], client_state=c1),
-                ctx._replace(server_state=s2["state"], client_state=c2))
-
     def use_first(round_index):
         return round_index < at_round
 
@@ -47,10 +42,37 @@ def switch(first: Algorithm, then: Algorithm, at_round: int) -> Algorithm:
     def client_init(params):
         return first.client_init(params), then.client_init(params)
 
+    def contexts(ctx: ClientContext) -> tuple[ClientContext, ClientContext]:
+        (s1, s2), (c1, c2) = ctx.server_state, ctx.client_state
+        m1, m2 = ctx.cohort_message or ((), ())
+        return (ctx._replace(server_state=s1["state"], client_state=c1, cohort_message=m1),
+                ctx._replace(server_state=s2["state"], client_state=c2, cohort_message=m2))
+
+    def both(fn1, fn2, ctx1, ctx2, *args):
+        """(fn1's output, zeros like fn2's) before the switch, (zeros, fn2's) from it on."""
+        return jax.lax.cond(use_first(ctx1.round),
+                            lambda: (fn1(ctx1, *args), _zeros_like_output(fn2, ctx2, *args)),
+                            lambda: (_zeros_like_output(fn1, ctx1, *args), fn2(ctx2, *args)))
+
+    def cohort_start(ctx):
+        ctx1, ctx2 = contexts(ctx)
+        no_exchange = lambda c: ()
+        return both(first.cohort_start or no_exchange, then.cohort_start or no_exchange,
+                    ctx1, ctx2)
+
     def client_start(ctx, key):
         ctx1, ctx2 = contexts(ctx)
         return jax.lax.cond(use_first(ctx.round), lambda: first.client_start(ctx1, key),
                             lambda: then.client_start(ctx2, key))
+
+    def client_metrics(ctx, start, end):
+        """Each name of either algorithm; 0 for the algorithm not running this round."""
+        ctx1, ctx2 = contexts(ctx)
+        m1, m2 = both(first.client_metrics, then.client_metrics, ctx1, ctx2, start, end)
+        merged = dict(m1)
+        for name, value in m2.items():
+            merged[name] = jnp.where(use_first(ctx.round), m1[name], value) if name in m1 else value
+        return merged
 
     def client_tx(ctx):
         ctx1, ctx2 = contexts(ctx)
@@ -118,4 +140,8 @@ def switch(first: Algorithm, then: Algorithm, at_round: int) -> Algorithm:
     return Algorithm(name=f"{first.name}->{then.name}@{at_round}", server_init=server_init,
                      client_init=client_init, client_start=client_start, client_tx=client_tx,
                      client_loss=client_loss, client_end=client_end, server_update=server_update,
-                     eval_models=eval_models)
+                     eval_models=eval_models,
+                     cohort_start=(cohort_start if first.cohort_start or then.cohort_start
+                                   else None),
+                     client_metrics=client_metrics,
+                     exchanges=lambda t: first.exchanges(t) if t < at_round else then.exchanges(t))
