@@ -2,7 +2,12 @@
 
 from fljax.models.layers import CONV_IMPLS, default_conv_impl, im2col_conv, max_pool
 from fljax.models.model import Model, cross_entropy, from_module, num_params
+from fljax.models.resnet import BasicBlock, ResNet, cifar_resnet, torchvision_resnet
+from fljax.models.unfreeze import UNFREEZE_UNITS, unfreeze_units
+from fljax.models.vgg import VGG
 from fljax.models.zoo import MODEL_NAMES, ConvNet, MLP, make_model
 
-__all__ = ["CONV_IMPLS", "ConvNet", "MLP", "MODEL_NAMES", "Model", "cross_entropy",
-           "default_conv_impl", "from_module", "im2col_conv", "make_model", "max_pool", "num_params"]
+__all__ = ["BasicBlock", "CONV_IMPLS", "ConvNet", "MLP", "MODEL_NAMES", "Model", "ResNet",
+           "UNFREEZE_UNITS", "VGG", "cifar_resnet", "cross_entropy", "default_conv_impl",
+           "from_module", "im2col_conv", "make_model", "max_pool", "num_params",
+           "torchvision_resnet", "unfreeze_units"]

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax.errors import FljaxError
-from fljax.models.layers import torch_bias_init, torch_kernel_init
+from fljax.models.layers import dense
 from fljax.models.model import Model
 
 HEAD_GROUPS = ("l1", "l2", "l3")
@@ -38,10 +38,6 @@ class ProjectionHead(nn.Module):
 
     @nn.compact
     def __call__(self, h):
-        def dense(features, fan_in, name):
-            return nn.Dense(features, kernel_init=torch_kernel_init(),
-                            bias_init=torch_bias_init(fan_in), name=name)
-
         hidden = nn.relu(dense(self.hidden, self.hidden, "l1")(h))
         z = dense(self.out_dim, self.hidden, "l2")(hidden)
         return z, dense(self.num_classes, self.out_dim, "l3")(z)

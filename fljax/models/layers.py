@@ -1,16 +1,20 @@
-"""Layers that run at full speed inside ``lax.scan`` on every backend.
+"""Layers that run at full speed inside ``lax.scan`` on every backend, built as PyTorch builds them.
 
 XLA's CPU convolution takes a slow path inside a while loop (jax issue 12868): a local-training
 ``lax.scan`` of a small CNN runs ~15x slower than the same steps unrolled. Written as im2col
 (shifted slices concatenated on the channel axis) followed by one matmul it does not. Both
 implementations share parameters and layout, so a model can switch between them freely.
+Max pooling is written the same way. ``conv``, ``dense`` and ``group_norm`` build Flax layers with
+PyTorch's padding, epsilon and default initialisation.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -55,12 +59,21 @@ def default_conv_impl() -> str:
     return "im2col" if jax.default_backend() == "cpu" else "xla"
 
 
-def max_pool(x, window: int = 2):
-    """Non-overlapping max pooling (stride = window, floor mode) as a reshape + max."""
-    n, h, w, c = x.shape
-    h, w = h // window * window, w // window * window
-    x = x[:, :h, :w, :].reshape(n, h // window, window, w // window, window, c)
-    return x.max(axis=(2, 4))
+def max_pool(x, window: int = 2, stride: int | None = None, padding: int = 0):
+    """torch ``MaxPool2d(window, stride, padding)`` (floor mode; stride defaults to window) on NHWC.
+
+    out[n, y, x, c] = max_{i, j < window} pad(x, -inf)[n, y*stride + i, x*stride + j, c], as an
+    elementwise maximum of shifted slices: inside a scanned training step on CPU it runs ~2x faster
+    than a reshape + max and ~10x faster than ``lax.reduce_window``.
+    """
+    stride = stride or window
+    x = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)),
+                constant_values=-jnp.inf)
+    height = (x.shape[1] - window) // stride + 1
+    width = (x.shape[2] - window) // stride + 1
+    return functools.reduce(jnp.maximum, [
+        x[:, i:i + stride * (height - 1) + 1:stride, j:j + stride * (width - 1) + 1:stride, :]
+        for i in range(window) for j in range(window)])
 
 
 def torch_kernel_init():
@@ -76,3 +89,31 @@ def torch_bias_init(fan_in: int):
         return jax.random.uniform(key, shape, dtype, -bound, bound)
 
     return init
+
+
+def kaiming_normal(mode: str):
+    """PyTorch's ``kaiming_normal_(mode=mode, nonlinearity='relu')``: N(0, 2 / fan)."""
+    return jax.nn.initializers.variance_scaling(2.0, mode, "normal")
+
+
+def conv(features: int, kernel: int, impl: str, name: str, *, stride: int = 1, padding: int = 0,
+         kernel_init=None, bias_init=None) -> nn.Conv:
+    """torch ``Conv2d(kernel, stride, padding)`` in NHWC on the ``impl`` primitive.
+
+    The kernel defaults to PyTorch's default init; there is no bias when ``bias_init`` is None.
+    """
+    return nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding=padding,
+                   use_bias=bias_init is not None, kernel_init=kernel_init or torch_kernel_init(),
+                   bias_init=bias_init or nn.initializers.zeros,
+                   conv_general_dilated=conv_function(impl), name=name)
+
+
+def dense(features: int, fan_in: int, name: str, kernel_init=None) -> nn.Dense:
+    """torch ``Linear(fan_in, features)``; the kernel defaults to PyTorch's default init."""
+    return nn.Dense(features, kernel_init=kernel_init or torch_kernel_init(),
+                    bias_init=torch_bias_init(fan_in), name=name)
+
+
+def group_norm(name: str, groups: int = 2) -> nn.GroupNorm:
+    """torch ``GroupNorm(groups, C)``: learnable per-channel scale (1) and bias (0), eps 1e-5."""
+    return nn.GroupNorm(num_groups=groups, epsilon=1e-5, name=name)

@@ -45,7 +45,15 @@ def from_module(name: str, module: nn.Module, input_shape: tuple[int, ...],
     def apply(params, x, train=False, rng=None):
         return apply_with_features(params, x, train, rng)[1]
 
-    groups = tuple(jax.eval_shape(init, jax.random.key(0)).keys())
+    groups: list[str] = []
+
+    def record_groups(key):  # the traced dict keeps creation order; eval_shape's result is sorted
+        params = init(key)
+        groups.extend(params)
+        return params
+
+    jax.eval_shape(record_groups, jax.random.key(0))
+    groups = tuple(groups)
     return Model(name, init, apply, apply_with_features, groups, tuple(input_shape), num_classes)
 
 

@@ -6,25 +6,15 @@ module group for gradual unfreezing, in order from input to output.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 
 from fljax.errors import FljaxError
-from fljax.models.layers import (conv_function, default_conv_impl, max_pool, torch_bias_init,
-                                 torch_kernel_init)
+from fljax.models.layers import conv, default_conv_impl, dense, max_pool, torch_bias_init
 from fljax.models.model import Model, from_module
-
-
-def _dense(features: int, fan_in: int, name: str) -> nn.Dense:
-    return nn.Dense(features, kernel_init=torch_kernel_init(), bias_init=torch_bias_init(fan_in),
-                    name=name)
-
-
-def _conv(features: int, kernel: int, fan_in: int, impl: str, name: str, padding="VALID") -> nn.Conv:
-    return nn.Conv(features, (kernel, kernel), padding=padding, kernel_init=torch_kernel_init(),
-                   bias_init=torch_bias_init(fan_in), conv_general_dilated=conv_function(impl),
-                   name=name)
+from fljax.models.resnet import cifar_resnet, torchvision_resnet
+from fljax.models.vgg import VGG
 
 
 class MLP(nn.Module):
@@ -37,8 +27,8 @@ class MLP(nn.Module):
     def __call__(self, x, train: bool = False, with_features: bool = False):
         x = x.reshape(x.shape[0], -1)
         for i, width in enumerate(self.hidden):
-            x = nn.relu(_dense(width, x.shape[-1], f"fc{i + 1}")(x))
-        logits = _dense(self.num_classes, x.shape[-1], f"fc{len(self.hidden) + 1}")(x)
+            x = nn.relu(dense(width, x.shape[-1], f"fc{i + 1}")(x))
+        logits = dense(self.num_classes, x.shape[-1], f"fc{len(self.hidden) + 1}")(x)
         return (x, logits) if with_features else logits
 
 
@@ -60,16 +50,31 @@ class ConvNet(nn.Module):
     def __call__(self, x, train: bool = False, with_features: bool = False):
         for i, width in enumerate(self.channels):
             fan_in = self.kernel * self.kernel * x.shape[-1]
-            x = _conv(width, self.kernel, fan_in, self.conv_impl, f"conv{i + 1}")(x)
+            x = conv(width, self.kernel, self.conv_impl, f"conv{i + 1}",
+                     bias_init=torch_bias_init(fan_in))(x)
             x = max_pool(nn.relu(x))
         x = x.reshape(x.shape[0], -1)
         for i, width in enumerate(self.hidden):
-            x = nn.relu(_dense(width, x.shape[-1], f"fc{i + 1}")(x))
-        logits = _dense(self.num_classes, x.shape[-1], f"fc{len(self.hidden) + 1}")(x)
+            x = nn.relu(dense(width, x.shape[-1], f"fc{i + 1}")(x))
+        logits = dense(self.num_classes, x.shape[-1], f"fc{len(self.hidden) + 1}")(x)
         return (x, logits) if with_features else logits
 
 
-MODEL_NAMES = ("mlp", "small_cnn", "standard_cnn")
+# name -> (builder(num_classes, conv_impl), smallest image side it accepts)
+_MODELS: dict[str, tuple[Callable[[int, str], nn.Module], int]] = {
+    "mlp": (lambda classes, impl: MLP(hidden=(200, 200), num_classes=classes), 1),
+    "small_cnn": (lambda classes, impl: ConvNet(channels=(16, 32), hidden=(128,),
+                                                num_classes=classes, conv_impl=impl), 13),
+    "standard_cnn": (lambda classes, impl: ConvNet(channels=(64, 64), hidden=(384, 192),
+                                                   num_classes=classes, conv_impl=impl), 13),
+    "emnist_cnn": (lambda classes, impl: ConvNet(channels=(32, 64), hidden=(),
+                                                 num_classes=classes, conv_impl=impl), 16),
+    "resnet18_gn": (lambda classes, impl: torchvision_resnet((2, 2, 2, 2), classes, impl), 1),
+    "resnet34_gn": (lambda classes, impl: torchvision_resnet((3, 4, 6, 3), classes, impl), 1),
+    "resnet20": (lambda classes, impl: cifar_resnet(3, classes, impl), 1),
+    "vgg11": (lambda classes, impl: VGG(num_classes=classes, conv_impl=impl), 32),
+}
+MODEL_NAMES = tuple(_MODELS)
 
 
 def make_model(name: str, input_shape: Sequence[int], num_classes: int,
@@ -79,20 +84,20 @@ def make_model(name: str, input_shape: Sequence[int], num_classes: int,
     - ``mlp``: 200-200 ReLU MLP (McMahan et al. 2017's 2NN).
     - ``small_cnn``: conv5x5-16, pool, conv5x5-32, pool, fc128, fc (the 28x28 benchmark CNN).
     - ``standard_cnn``: conv5x5-64, pool, conv5x5-64, pool, fc384, fc192, fc (FedDyn / FedBug).
+    - ``emnist_cnn``: conv5x5-32, pool, conv5x5-64, pool, fc (FedGA's ``cnn_mnist``; 100,271
+      parameters for EMNIST-balanced's 47 classes).
+    - ``resnet18_gn`` / ``resnet34_gn``: torchvision ImageNet-style ResNet-18/34 with
+      GroupNorm(2, C) (FedInit's ResNet-18-GN, FedBug, FedDyn as initialization on Tiny-ImageNet).
+    - ``resnet20``: CIFAR ResNet-20 with GroupNorm(2, C) (FedDyn as initialization, CIFAR-100).
+    - ``vgg11``: VGG-11 for 32x32 inputs (FedInit, FedDyn as initialization on CIFAR-10).
     ``conv_impl`` is 'im2col' or 'xla'; the default is the fast one for the current backend.
     """
-    conv_impl = conv_impl or default_conv_impl()
-    if name == "mlp":
-        module = MLP(hidden=(200, 200), num_classes=num_classes)
-    elif name == "small_cnn":
-        module = ConvNet(channels=(16, 32), hidden=(128,), num_classes=num_classes,
-                         conv_impl=conv_impl)
-    elif name == "standard_cnn":
-        module = ConvNet(channels=(64, 64), hidden=(384, 192), num_classes=num_classes,
-                         conv_impl=conv_impl)
-    else:
+    if name not in _MODELS:
         raise FljaxError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")
-    if name != "mlp" and min(input_shape[:2]) < 13:
-        raise FljaxError(f"model {name!r} needs images of at least 13x13 pixels, got "
-                         f"{tuple(input_shape)}; use model 'mlp' for small inputs such as digits")
+    build, min_side = _MODELS[name]
+    if min(input_shape[:2]) < min_side:
+        raise FljaxError(f"model {name!r} needs images of at least {min_side}x{min_side} pixels, "
+                         f"got {tuple(input_shape)}; use model 'mlp' for small inputs such as "
+                         f"digits")
+    module = build(num_classes, conv_impl or default_conv_impl())
     return from_module(name, module, tuple(input_shape), num_classes)
