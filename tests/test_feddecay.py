@@ -1,0 +1,239 @@
+"""FedDecay, FOMAML and Reptile equal float64 references written from their equations.
+
+FedDecay (feddecay.txt eq. 4, appendix B.3): local step k of client i uses the learning rate
+eta decay^t beta_j, j = k (per step) or floor(k / ceil(n_i / B)) (per epoch), beta_j = beta^j or
+max(1 - j (1 - beta), 0), restarting every round. FOMAML / Reptile (Nichol et al. 2018): the server
+moves by eps_t sum_S p_i (theta_K - theta_p) with theta_p the model at the start of the last period
+(FOMAML) or the round's start (Reptile). Each reference is a numpy loop over the sampled clients
+(three of six, three rounds) and their local steps, randomness taken from fljax's own sampling.
+"""
+
+import math
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fljax.algorithms import fedavg
+from fljax.algorithms.feddecay import feddecay, local_decay
+from fljax.algorithms.fedprox import fedprox
+from fljax.algorithms.meta import fomaml, reptile
+from fljax.errors import FljaxError
+from tests.reference import global_norm, mlp_loss_and_grad, tree_map
+from tests.test_drift_corrections import (EPOCHS, STEPS, assert_close, make_local, rounds_of, run,
+                                          split)
+
+
+def local_models(start, x, y, part, steps, *, lr, momentum, weight_decay, clip, scale,
+                 in_loss=None):
+    """[y_0, ..., y_K] of torch SGD after clip_grad_norm_ with the learning rate lr * scale(k):
+    d = clip(grad CE(y) + in_loss(y)) + weight_decay * y;  buf = momentum * buf + d;
+    y -= lr * scale(k) * buf."""
+    models = [tree_map(np.copy, start)]
+    buf = None
+    for k, (positions, mask) in enumerate(steps):
+        local = models[-1]
+        examples = part[np.minimum(positions, len(part) - 1)]
+        _, g = mlp_loss_and_grad(local, x[examples], y[examples], mask)
+        if in_loss is not None:
+            g = tree_map(np.add, g, in_loss(local))
+        if clip is not None:
+            norm = global_norm(g)
+            g = tree_map(lambda a: a * clip / max(norm, clip), g)
+        g = tree_map(lambda a, b: a + weight_decay * b, g, local)
+        buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
+        models.append(tree_map(lambda a, b: a - lr * scale(k) * b, local, buf))
+    return models
+
+
+def period_of(per, batch, n):
+    return 1 if per == "step" else math.ceil(n / batch)
+
+
+def beta_j(beta, schedule, j):
+    return beta ** j if schedule == "exponential" else max(1.0 - j * (1.0 - beta), 0.0)
+
+
+def feddecay_reference(params, x, y, parts, *, beta, schedule, per, mu, lr, lr_decay, momentum,
+                       weight_decay, clip, server_lr, **sched):
+    """w^{t+1} = w^t + eta_g sum_S p_i (y_i,K - w^t); local lr eta decay^t beta_j; a proximal
+    term mu/2 ||y - w^t||^2 in the local loss when mu > 0 (FedDecay over FedProx)."""
+    w = params
+    for t, clients in rounds_of(parts, **sched):
+        delta = tree_map(np.zeros_like, w)
+        for p, cid, steps in clients:
+            period = period_of(per, sched["batch"], len(parts[cid]))
+            anchor = w
+            in_loss = (lambda v: tree_map(lambda a, b: mu * (a - b), v, anchor)) if mu else None
+            end = local_models(w, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
+                               momentum=momentum, weight_decay=weight_decay, clip=clip,
+                               scale=lambda k: beta_j(beta, schedule, k // period),
+                               in_loss=in_loss)[-1]
+            delta = tree_map(lambda d, a, b: d + p * (a - b), delta, end, w)
+        w = tree_map(lambda a, d: a + server_lr * d, w, delta)
+    return w
+
+
+def meta_reference(params, x, y, parts, *, last_period, per, meta_step, lr, lr_decay, momentum,
+                   weight_decay, clip, **sched):
+    """w^{t+1} = w^t + eps_t sum_S p_i (y_i,K - y_i,p): p the start of the client's last period
+    (FOMAML) or 0 (Reptile)."""
+    w = params
+    for t, clients in rounds_of(parts, **sched):
+        delta = tree_map(np.zeros_like, w)
+        for p, cid, steps in clients:
+            models = local_models(w, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
+                                  momentum=momentum, weight_decay=weight_decay, clip=clip,
+                                  scale=lambda k: 1.0)
+            period = period_of(per, sched["batch"], len(parts[cid]))
+            start = (len(steps) - 1) // period * period if last_period else 0
+            delta = tree_map(lambda d, a, b: d + p * (a - b), delta, models[-1], models[start])
+        w = tree_map(lambda a, d: a + meta_step(t) * d, w, delta)
+    return w
+
+
+def assert_bit_identical(got, expected):
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(a, b)
+
+
+MOMENTUM = dict(lr=0.3, lr_decay=0.9, momentum=0.6, weight_decay=1e-2, clip=None)
+EPOCHS3 = dict(batch=5, local_steps=None, local_epochs=3)   # K_i = 3 ceil(n_i / 5): 3 to 9 steps
+
+# ------------------------------------------------------------------------------------------------
+# FedDecay
+
+FEDDECAY_CASES = {
+    "exponential_step_momentum": dict(**STEPS, **MOMENTUM, aggregation="examples",
+                                      beta=0.5, schedule="exponential", per="step", mu=0.0,
+                                      server_lr=1.0),
+    "exponential_epoch_clip_uniform": dict(**EPOCHS3, lr=0.4, lr_decay=1.0, momentum=0.5,
+                                           weight_decay=0.0, clip=0.5, aggregation="uniform",
+                                           beta=0.3, schedule="exponential", per="epoch", mu=0.0,
+                                           server_lr=0.8),
+    # beta_j = 1, 0.6, 0.2, 0, 0: the max(., 0) is reached.
+    "linear_step_momentum": dict(batch=4, local_steps=5, local_epochs=None, **MOMENTUM,
+                                 aggregation="examples", beta=0.6, schedule="linear",
+                                 per="step", mu=0.0, server_lr=1.0),
+    # beta_j = 1, 0.4, 0 per epoch, over FedProx's local objective.
+    "linear_epoch_momentum_fedprox": dict(**EPOCHS3, **MOMENTUM, aggregation="examples",
+                                          beta=0.4, schedule="linear", per="epoch", mu=0.5,
+                                          server_lr=1.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FEDDECAY_CASES))
+def test_feddecay_matches_float64_reference(case):
+    local, sched, rest = split(FEDDECAY_CASES[case])
+    decay = {k: rest[k] for k in ("beta", "schedule", "per")}
+    with jax.enable_x64(True):
+        if rest["mu"]:
+            alg = local_decay(fedprox(make_local(**local), mu=rest["mu"],
+                                      server_optimizer=optax.sgd(rest["server_lr"])), **decay)
+        else:
+            alg = feddecay(make_local(**local), **decay,
+                           server_optimizer=optax.sgd(rest["server_lr"]))
+        params, state, x, y, parts = run(alg, **sched)
+    expected = feddecay_reference(params, x, y, parts, **local, **sched, **rest)
+    assert_close(state.params, expected)
+    # The decay mattered: the same run without it (beta = 1) ends elsewhere.
+    plain = feddecay_reference(params, x, y, parts, **local, **sched, **rest | dict(beta=1.0))
+    assert global_norm(tree_map(np.subtract, plain, expected)) > 1e-3
+
+
+REDUCTION = dict(aggregation="examples", **EPOCHS)
+REDUCTION_LOCAL = make_local(0.4, 0.9, 0.5, 1e-2, 0.5)   # lr decay, momentum, wd, clip all on
+
+
+def test_beta_one_is_fedavg_exactly():
+    with jax.enable_x64(True):
+        expected = run(fedavg(REDUCTION_LOCAL), **REDUCTION)[1].params
+        for schedule in ("exponential", "linear"):
+            got = run(feddecay(REDUCTION_LOCAL, 1.0, schedule, per="step"), **REDUCTION)[1].params
+            assert_bit_identical(got, expected)
+
+
+@pytest.mark.parametrize("schedule", ["exponential", "linear"])
+def test_beta_zero_per_step_is_one_local_step(schedule):
+    """beta = 0 per step: the steps after the first do not move the model (FedSGD-like)."""
+    sched = dict(batch=4, aggregation="examples", local_epochs=None)
+    with jax.enable_x64(True):
+        alg = feddecay(REDUCTION_LOCAL, 0.0, schedule, per="step")
+        four_steps = run(alg, **sched, local_steps=4)[1].params
+        two_steps = run(alg, **sched, local_steps=2)[1].params
+        params, one_step, *_ = run(fedavg(REDUCTION_LOCAL), **sched, local_steps=1)
+    assert_bit_identical(four_steps, two_steps)
+    # XLA compiles a one-step local loop without the loop, so its rounding may differ by an ulp.
+    for a, b in zip(jax.tree.leaves(four_steps), jax.tree.leaves(one_step.params)):
+        np.testing.assert_array_max_ulp(a, b, maxulp=2)
+    assert global_norm(tree_map(np.subtract, four_steps, params)) > 1e-2
+
+
+# ------------------------------------------------------------------------------------------------
+# FOMAML and Reptile
+
+META_CASES = {
+    "fomaml_step_momentum": dict(**STEPS, **MOMENTUM, aggregation="examples", algorithm="fomaml",
+                                 per="step", meta_step=0.7),
+    # K = 5 steps of batch 4: the last local epoch is partial (steps 4 or 3..4); clients vmapped.
+    "fomaml_epoch_partial_vmap": dict(batch=4, local_steps=5, local_epochs=None, **MOMENTUM,
+                                      aggregation="examples", algorithm="fomaml", per="epoch",
+                                      meta_step=0.7, client_chunk=3),
+    "fomaml_epoch_clip_uniform": dict(**EPOCHS, lr=0.4, lr_decay=1.0, momentum=0.5,
+                                      weight_decay=1e-3, clip=0.5, aggregation="uniform",
+                                      algorithm="fomaml", per="epoch", meta_step=1.0),
+    "reptile_annealed_uniform": dict(**EPOCHS, **MOMENTUM, aggregation="uniform",
+                                     algorithm="reptile", per="step", meta_step="annealed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(META_CASES))
+def test_meta_learning_matches_float64_reference(case):
+    local, sched, rest = split(META_CASES[case])
+    if rest["meta_step"] == "annealed":   # eps_t from 1 to 0.2 over 3 rounds (Reptile's code)
+        meta_step = schedule = lambda t: 1.0 - 0.8 * t / 3   # optax's schedules are float32
+    else:
+        meta_step, schedule = (lambda t: rest["meta_step"]), rest["meta_step"]
+    with jax.enable_x64(True):
+        if rest["algorithm"] == "fomaml":
+            alg = fomaml(make_local(**local), schedule, per=rest["per"])
+        else:
+            alg = reptile(make_local(**local), schedule)
+        params, state, x, y, parts = run(alg, **sched, client_chunk=rest.get("client_chunk", 1))
+    last_period = rest["algorithm"] == "fomaml"
+    expected = meta_reference(params, x, y, parts, last_period=last_period, per=rest["per"],
+                              meta_step=meta_step, **local, **sched)
+    assert_close(state.params, expected)
+    # FOMAML's message is not Reptile's: only the last period counted.
+    other = meta_reference(params, x, y, parts, last_period=not last_period, per=rest["per"],
+                           meta_step=meta_step, **local, **sched)
+    assert global_norm(tree_map(np.subtract, other, expected)) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# bad hyperparameters
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(beta=-0.1), r"beta .* \[0, 1\], got -0.1"),
+    (dict(beta=1.5), r"beta .* \[0, 1\], got 1.5"),
+    (dict(beta=float("nan")), r"beta .* got nan"),
+    (dict(beta="0.5"), r"beta .* got '0.5'"),
+    (dict(beta=0.5, schedule="cosine"), r"schedule must be one of \('exponential', 'linear'\), "
+                                        r"got 'cosine'"),
+    (dict(beta=0.5, per="batch"), r"per must be one of \('step', 'epoch'\), got 'batch'"),
+])
+def test_bad_decay_raises(kwargs, match):
+    with pytest.raises(FljaxError, match=match):
+        local_decay(fedavg(REDUCTION_LOCAL), **kwargs)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: reptile(REDUCTION_LOCAL, 0.0), r"meta_step_size must be > 0 .* got 0.0"),
+    (lambda: fomaml(REDUCTION_LOCAL, float("inf")), r"meta_step_size .* got inf"),
+    (lambda: fomaml(REDUCTION_LOCAL, per="round"), r"per must be one of .* got 'round'"),
+])
+def test_bad_meta_hyperparameters_raise(make, match):
+    with pytest.raises(FljaxError, match=match):
+        make()
