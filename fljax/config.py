@@ -14,7 +14,11 @@ from fljax.models import CONV_IMPLS, MODEL_NAMES
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
-              "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr")
+              "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr",
+              "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile")
+FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
+# Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI).
+WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,8 @@ class ExperimentConfig:
     switch_to: str | None = None       # continue with this algorithm from round switch_at on
     switch_at: int = 0                 # (feddyn-as-initialization: FedDyn, then FedAvg)
     switch_args: str = "{}"            # JSON hyperparameters of switch_to
+    wrappers: str = "{}"               # JSON {wrapper: {args}}, wrappers of WRAPPERS, e.g.
+                                       #   '{"relaxed_init": {"beta": 0.1}}' (+RI)
     server_optimizer: str = "sgd"      # any optax optimizer taking learning_rate (sgd, adam, ...)
     server_optimizer_args: str = "{}"  # JSON kwargs for it, e.g. '{"momentum": 0.9}' for FedAvgM
     server_lr: float = 1.0
@@ -113,8 +119,11 @@ class ExperimentConfig:
             raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
-        for name in ("server_optimizer_args", "algorithm_args", "switch_args"):
+        for name in ("server_optimizer_args", "algorithm_args", "switch_args", "wrappers"):
             json_object(name, getattr(self, name))
+        unknown = sorted(set(json_object("wrappers", self.wrappers)) - set(WRAPPERS))
+        if unknown:
+            raise FljaxError(f"unknown wrapper(s) {unknown}; allowed: {list(WRAPPERS)}")
         server_optimizer_factory(self.server_optimizer)
         return self
 

@@ -9,13 +9,15 @@ import jax
 import numpy as np
 
 from fljax import algorithms
-from fljax.config import ALGORITHMS, ExperimentConfig, json_object, server_optimizer_factory
+from fljax.config import (ALGORITHMS, FULL_BATCH, WRAPPERS, ExperimentConfig, json_object,
+                          server_optimizer_factory)
 from fljax.data import loaders, partition
 from fljax.data.federated import FederatedData, federate
 from fljax.engine import RoundFunction, RoundState, init_state, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
+from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
 
 
@@ -56,43 +58,81 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
     What a factory takes beyond its hyperparameters is filled in from the experiment: ``model``
     (feature regularizers), ``client_sizes`` (FedDyn's adaptive alpha), ``server_lr`` and
     ``server_optimizer`` (from --server-lr / --server-optimizer) unless given in ``kwargs``.
+    The full-batch algorithms (FedSGD, large-batch SGD) take the lr and SGD settings directly.
     """
     factory = algorithm_factories()[name]
     if name == "fedsgd":
-        return factory(config.lr)
+        return call(name, factory, [config.lr], kwargs, {})
+    if name == "lbsgd":
+        sgd = dict(weight_decay=config.weight_decay, momentum=config.momentum,
+                   clip_norm=config.clip_norm)
+        return call(name, factory, [config.lr], {**sgd, **kwargs}, {})
     local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
                                  weight_decay=config.weight_decay, clip_norm=config.clip_norm)
     accepted = inspect.signature(factory).parameters
     extras = {"model": model, "client_sizes": client_sizes, "server_lr": config.server_lr}
-    kwargs = {**{k: v for k, v in extras.items() if k in accepted}, **kwargs}
+    extras = {k: v for k, v in extras.items() if k in accepted}
     if "server_optimizer" in accepted and "server_optimizer" not in kwargs:
         optimizer = server_optimizer_factory(config.server_optimizer)
         try:
-            kwargs["server_optimizer"] = optimizer(
+            extras["server_optimizer"] = optimizer(
                 learning_rate=config.server_lr,
                 **json_object("server_optimizer_args", config.server_optimizer_args))
         except TypeError as e:
             raise FljaxError(f"server_optimizer {config.server_optimizer!r} does not take "
                              f"{config.server_optimizer_args}: {e}") from None
-    try:
-        return factory(local, **kwargs)
-    except TypeError as e:
-        allowed = [k for k, p in accepted.items() if p.kind == p.KEYWORD_ONLY
-                   and k not in extras and k not in ("name", "server_optimizer")]
-        raise FljaxError(f"algorithm {name!r} does not take {sorted(kwargs.keys() - extras.keys())}"
-                         f" ({e}); its hyperparameters are {allowed}") from None
+    return call(name, factory, [local], kwargs, extras)
+
+
+def call(name: str, factory: Callable[..., algorithms.Algorithm], args: list, kwargs: dict,
+         extras: dict, kind: str = "algorithm") -> algorithms.Algorithm:
+    """``factory(*args, **extras, **kwargs)``; a TypeError (a hyperparameter it does not take, or
+    one it needs and was not given) becomes one line naming it and listing the allowed ones."""
+    parameters = list(inspect.signature(factory).parameters.values())[len(args):]
+    allowed = [p.name for p in parameters
+               if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model", "client_sizes")]
+    unknown = sorted(kwargs.keys() - set(allowed))
+    missing = [p.name for p in parameters if p.default is p.empty
+               and p.name not in kwargs and p.name not in extras]
+    if unknown or missing:
+        what = (f"does not take {unknown}" if unknown else
+                f"needs {missing} in its arguments")
+        raise FljaxError(f"{kind} {name!r} {what}; its hyperparameters are {allowed}")
+    return factory(*args, **{**extras, **kwargs})
+
+
+def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
+         model: Model) -> algorithms.Algorithm:
+    """Apply the config's wrappers (WRAPPERS order): FedBug's gradual unfreezing (``fraction``,
+    ``unit`` 'M' or 'B' for ResNets, ``order``, ``frozen_last``), FedDecay's local decay
+    (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``)."""
+    for wrapper in WRAPPERS:
+        if wrapper not in wrappers:
+            continue
+        if not isinstance(wrappers[wrapper], dict):
+            raise FljaxError(f"wrapper {wrapper!r} takes a JSON object of arguments, got "
+                             f"{wrappers[wrapper]!r}")
+        args = dict(wrappers[wrapper])
+        leading = [algorithm]
+        if wrapper == "gradual_unfreezing":
+            leading.append(unfreeze_units(model, args.pop("unit", "M")))
+        algorithm = call(wrapper, getattr(algorithms, wrapper), leading, args, {},
+                         kind="wrapper")
+    return algorithm
 
 
 def build_algorithm(config: ExperimentConfig, model: Model,
                     client_sizes: np.ndarray) -> algorithms.Algorithm:
-    """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` if set."""
-    first = make_algorithm(config.algorithm, json_object("algorithm_args", config.algorithm_args),
-                           config, model, client_sizes)
-    if config.switch_to is None:
-        return first
-    then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
-                          config, model, client_sizes)
-    return algorithms.switch(first, then, config.switch_at)
+    """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` if set, with
+    the config's wrappers."""
+    algorithm = make_algorithm(config.algorithm,
+                               json_object("algorithm_args", config.algorithm_args),
+                               config, model, client_sizes)
+    if config.switch_to is not None:
+        then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
+                              config, model, client_sizes)
+        algorithm = algorithms.switch(algorithm, then, config.switch_at)
+    return wrap(algorithm, json_object("wrappers", config.wrappers), model)
 
 
 def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None) -> Experiment:
@@ -113,12 +153,12 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model)
     algorithm = algorithm or build_algorithm(config, model, np.asarray(data.count))
-    fedsgd = config.algorithm == "fedsgd"
+    full_batch = config.algorithm in FULL_BATCH
     round_fn = make_round(
         algorithm, model, data, clients_per_round=config.clients_per_round,
-        batch_size=None if fedsgd or config.batch_size == 0 else config.batch_size,
-        local_steps=1 if fedsgd else config.local_steps,
-        local_epochs=None if fedsgd else config.local_epochs,
+        batch_size=None if full_batch or config.batch_size == 0 else config.batch_size,
+        local_steps=1 if full_batch else config.local_steps,
+        local_epochs=None if full_batch else config.local_epochs,
         aggregation=config.aggregation, client_chunk=config.client_chunk,
         num_devices=config.num_devices)
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)

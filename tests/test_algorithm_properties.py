@@ -1,5 +1,7 @@
 """One property test swept over every algorithm the CLI knows (and a switch between two)."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -37,13 +39,21 @@ def run(config, rounds=3):
     return jax.device_get(state), shapes, history, round_fn, alg
 
 
-CONFIGS = [ExperimentConfig(algorithm=name, lr=0.05) for name in ALGORITHMS] + [
-    ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.05)]
+REQUIRED_ARGS = {"feddecay": {"beta": 0.9}}
+ALL_WRAPPERS = {"gradual_unfreezing": {"fraction": 0.5}, "local_decay": {"beta": 0.8},
+                "relaxed_init": {"beta": 0.1}}
+CONFIGS = [ExperimentConfig(algorithm=name, lr=0.05).replace(
+    algorithm_args=REQUIRED_ARGS.get(name, {})) for name in ALGORITHMS] + [
+    ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.05),
+    ExperimentConfig(algorithm="scaffold", lr=0.05, wrappers=json.dumps(ALL_WRAPPERS)),
+    ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.05,
+                     wrappers=json.dumps({"relaxed_init": {"beta": 0.1}}))]
 
 
 @pytest.mark.parametrize("config", CONFIGS,
                          ids=[c.algorithm + (f"->{c.switch_to}" if c.switch_to else "")
-                              for c in CONFIGS])
+                              + ("+" + "+".join(json.loads(c.wrappers)) if c.wrappers != "{}"
+                                 else "") for c in CONFIGS])
 def test_finite_stable_deterministic_and_compiled_once(config):
     state, shapes, history, round_fn, alg = run(config)
     assert round_fn.compilations() == 1

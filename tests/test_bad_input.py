@@ -146,6 +146,14 @@ CASES = [
      "switch_to must be one of"),
     ("negative switch round", lambda t: ["--switch-to", "fedavg", "--switch-at", "-3"],
      "switch_at must be >= 0"),
+    ("unknown wrapper", lambda t: ["--wrappers", '{"fedbugg": {}}'], "unknown wrapper(s)"),
+    ("wrapper missing its beta", lambda t: ["--wrappers", '{"relaxed_init": {}}'],
+     "wrapper 'relaxed_init' needs ['beta']"),
+    ("FedBug fraction above 1", lambda t: ["--wrappers",
+                                           '{"gradual_unfreezing": {"fraction": 1.5}}'],
+     "fraction"),
+    ("FedDecay without beta", lambda t: ["--algorithm", "feddecay"],
+     "algorithm 'feddecay' needs ['beta']"),
     ("other experiment's checkpoint", lambda t: ["--lr", "0.2"], "different experiment: lr"),
 ]
 MUTATING = [

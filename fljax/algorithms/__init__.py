@@ -5,14 +5,19 @@ from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, Lo
                                    identity_loss, identity_start, local_sgd, no_client_state,
                                    tree_scale, tree_sub)
 from fljax.algorithms.fedavg import fedavg, fedsgd
+from fljax.algorithms.fedbug import gradual_unfreezing
 from fljax.algorithms.fedcm import fedcm
 from fljax.algorithms.feddecorr import feddecorr
+from fljax.algorithms.feddecay import feddecay, local_decay
 from fljax.algorithms.feddyn import feddyn
 from fljax.algorithms.fedexp import fedexp
+from fljax.algorithms.fedga import fedga, gradalign, lbsgd
+from fljax.algorithms.fedinit import fedinit, relaxed_init
 from fljax.algorithms.fednova import fednova
 from fljax.algorithms.fedntd import fedntd
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.fedsam import fedsam
+from fljax.algorithms.meta import fomaml, reptile
 from fljax.algorithms.moon import moon
 from fljax.algorithms.scaffold import scaffold
 from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, fedadam,
@@ -21,6 +26,8 @@ from fljax.algorithms.switch import switch
 
 __all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
            "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg", "fedavgm",
-           "fedcm", "feddecorr", "feddyn", "fedexp", "fednova", "fedntd", "fedprox", "fedsam",
-           "fedsgd", "fedyogi", "fedyogi_server", "identity_loss", "identity_start", "local_sgd",
-           "moon", "no_client_state", "scaffold", "switch", "tree_scale", "tree_sub"]
+           "fedcm", "feddecay", "feddecorr", "feddyn", "fedexp", "fedga", "fedinit", "fednova",
+           "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",
+           "gradalign", "gradual_unfreezing", "identity_loss", "identity_start", "lbsgd",
+           "local_decay", "local_sgd", "moon", "no_client_state", "relaxed_init", "reptile",
+           "scaffold", "switch", "tree_scale", "tree_sub"]
