@@ -154,7 +154,7 @@ def json_object(name: str, text: str) -> dict[str, Any]:
 
 def _coerce(name: str, annotation: str, value: Any) -> Any:
     """Check ``value`` against a field annotation such as 'float | None'; ints pass as floats,
-    a dict passes as its JSON text for the ``*_args`` fields."""
+    a dict passes as its JSON text for the ``*_args`` and ``wrappers`` fields."""
     allowed = [t.strip() for t in annotation.split("|")]
     if value is None and "None" in allowed:
         return None
@@ -166,7 +166,7 @@ def _coerce(name: str, annotation: str, value: Any) -> Any:
         return float(value)
     if "str" in allowed and isinstance(value, str):
         return value
-    if name.endswith("_args") and isinstance(value, dict):   # a JSON object given as one
+    if (name.endswith("_args") or name == "wrappers") and isinstance(value, dict):  # JSON object
         return json.dumps(value)
     raise FljaxError(f"{name} must be of type {annotation}, got {value!r}")
 
