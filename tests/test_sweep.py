@@ -10,6 +10,8 @@ import pytest
 from fljax import sweep
 from fljax.cli import main
 from fljax.errors import FljaxError
+from fljax.experiment import build
+from fljax.train import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEPS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.json"))
@@ -93,6 +95,22 @@ def test_every_scale_of_every_experiment_sweep_validates(path, tmp_path):
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])
+def test_every_cpu_cell_builds_and_the_corner_cells_train(path, tmp_path):
+    """Every CPU-scale cell builds (data, model, algorithm with its arguments, round program);
+    the first and the last cell train for one round."""
+    spec = sweep.load_sweep(path)
+    cells = sweep.cells(spec, "cpu", str(tmp_path), seeds=[0], rounds=1, eval_every=1)
+    for cell in cells:
+        build(cell.config)
+    for cell in (cells[0], cells[-1]):
+        evaluations = run(cell.config, progress=False)
+        assert len(evaluations) == 1 and 0.0 <= evaluations[0]["accuracy"] <= 1.0
+
+
+SMALL = [p for p in SWEEPS if os.path.basename(p).startswith("feddyn_init")]
+
+
+@pytest.mark.parametrize("path", SMALL, ids=[os.path.basename(p) for p in SMALL])
 def test_experiment_sweep_runs_at_cpu_scale(path, tmp_path, capsys):
     out = str(tmp_path / "runs")
     argv = ["sweep", path, "--scale", "cpu", "--out-dir", out, "--seeds", "0",
