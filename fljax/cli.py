@@ -64,6 +64,8 @@ def _plot(argv: list[str]) -> int:
 
 
 def _sweep(argv: list[str]) -> int:
+    import jax
+
     from fljax import sweep
     from fljax.train import RunInterrupted, run
 
@@ -82,6 +84,10 @@ def _sweep(argv: list[str]) -> int:
     spec = sweep.load_sweep(args.file)
     name = os.path.splitext(os.path.basename(args.file))[0]
     out_dir = args.out_dir or os.path.join("runs", name)
+    if not jax.config.jax_compilation_cache_dir:
+        # Seeds and settings share programs: a run loads what an earlier one compiled.
+        jax.config.update("jax_compilation_cache_dir", os.path.join(out_dir, "xla_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     changes = sweep.parse_settings(args.set)
     cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, **changes)
     try:

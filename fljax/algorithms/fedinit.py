@@ -29,12 +29,13 @@ chooses the reference point the wrapped algorithm sees as "the broadcast model" 
 The default is ``"start"``: it is the first author's released code (FL-Simulator's README reports
 the FedInit runs), used there for FedInit and every +RI method alike (Table 2), and it composes
 with every server rule unchanged. For FedAvg it differs from the paper's aggregation by
-beta (w^t - sum_S p_i w_i,K^{prev}). One difference from FL-Simulator remains: its FedDyn server averages the final models
-(mean_S w_i,K + mean h), while ``"start"`` gives FedDyn's server w^t + sum_S p_i (w_i,K - w_i,0) +
+beta (w^t - sum_S p_i w_i,K^{prev}). One difference from FL-Simulator remains: its FedDyn server
+averages the final models (mean_S w_i,K + mean h), while ``"start"`` gives FedDyn's server w^t + sum_S p_i (w_i,K - w_i,0) +
 mean h. Algorithm 1's 1/N is the engine's aggregation='uniform'.
 
-beta = 0 is the wrapped algorithm exactly (either aggregation). beta must be >= 0: the paper's
-Table 3 tries negative beta only to show that it hurts.
+beta = 0 is the wrapped algorithm exactly (either aggregation). beta may be negative: the
+paper's Table 3 tries beta < 0 (a start pulled towards the client's previous model) to show that
+it hurts.
 
 Divergence (``client_metrics``): each sampled client reports ||w_i,K^{prev} - w^t||^2, its stored
 last local model (w^0 if never sampled) against the broadcast model, before it trains; the round
@@ -70,8 +71,10 @@ class RelaxedClientState(NamedTuple):
 
 def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") -> Algorithm:
     """``algorithm`` with clients starting from w + beta (w - w_i,K^{prev}) (+RI)."""
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
-        raise FljaxError(f"beta must be a finite number >= 0, got {beta!r}")
+    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool)
+            and math.isfinite(beta)):
+        raise FljaxError(f"beta must be a finite number (negative values pull the start towards "
+                         f"the client's previous model), got {beta!r}")
     if aggregate not in AGGREGATES:
         raise FljaxError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
 
