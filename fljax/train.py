@@ -173,10 +173,13 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
 
 
 def results_table(evaluations: list[dict[str, Any]], title: str) -> str:
-    """A plain-text table of the evaluations, with the best and final accuracy."""
-    lines = [title, f"{'round':>6}  {'test acc':>8}  {'test loss':>9}  {'time (s)':>8}"]
+    """A plain-text table of the evaluations (comm: communication rounds so far, FedGA's extra
+    exchange included), with the best and final accuracy."""
+    lines = [title, f"{'round':>6}  {'comm':>6}  {'test acc':>8}  {'test loss':>9}  "
+                    f"{'time (s)':>8}"]
     for e in evaluations:
-        lines.append(f"{e['round']:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
+        comm = e.get("communication_rounds", e["round"])
+        lines.append(f"{e['round']:>6}  {comm:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
                      f"{e['time_s']:>8.1f}")
     if evaluations:
         best = max(evaluations, key=lambda e: e["accuracy"])

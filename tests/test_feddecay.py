@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from fljax.algorithms import fedavg
+from fljax.algorithms import fedavg, fedsgd
 from fljax.algorithms.feddecay import feddecay, local_decay
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.meta import fomaml, reptile
@@ -169,6 +169,18 @@ def test_beta_zero_per_step_is_one_local_step(schedule):
     for a, b in zip(jax.tree.leaves(four_steps), jax.tree.leaves(one_step.params)):
         np.testing.assert_array_max_ulp(a, b, maxulp=2)
     assert global_norm(tree_map(np.subtract, four_steps, params)) > 1e-2
+
+
+@pytest.mark.parametrize("schedule", ["exponential", "linear"])
+def test_beta_zero_on_the_full_local_batch_is_fedsgd(schedule):
+    """beta = 0 per step with full-batch local steps: only the first step, a full-batch gradient
+    step of lr, moves the model: FedSGD with the same lr (up to the order of the float ops)."""
+    sched = dict(batch=None, local_epochs=None, local_steps=3, aggregation="examples")
+    with jax.enable_x64(True):
+        decayed = run(feddecay(make_local(0.3, 1.0, 0.0, 0.0, None), 0.0, schedule, per="step"),
+                      **sched)[1].params
+        fedsgd_params = run(fedsgd(0.3), **{**sched, "local_steps": 1})[1].params
+    assert_close(decayed, fedsgd_params)
 
 
 # ------------------------------------------------------------------------------------------------
