@@ -18,10 +18,10 @@ import jax
 import numpy as np
 
 import fljax
-from fljax.config import ALGORITHMS, ExperimentConfig
+from fljax.config import ALGORITHMS, FULL_BATCH, ExperimentConfig
 from fljax.experiment import build_algorithm
 from fljax.models.heads import with_projection_head
-from round_speed import LEARNING_RATE, NUM_CLASSES, SETUPS, synthetic_data
+from round_speed import LEARNING_RATE, NUM_CLASSES, SETUPS, runner, synthetic_data
 from timing import DISTURBED, machine, round_robin, write_section
 
 TARGET = 1.2   # every algorithm within 1.2x of FedAvg ...
@@ -33,31 +33,36 @@ EXTRA_WORK = {
     "fedntd": "an extra forward pass of the global model per step",
     "scaffold": "option II (default) needs none; option I would add a full-gradient pass",
 }
-INHERENT = ("fedsam", "moon", "fedntd")
+INHERENT = ("fedsam", "moon", "fedntd", "fedga", "gradalign")
+EXTRA_WORK.update({
+    "fedga": "a full pass over each client's data for its full gradient (taken twice: sent, "
+             "then used for its own displacement)",
+    "gradalign": "as FedGA (GradAlign's own setting is one local step)",
+})
 SWITCH = "feddyn->fedavg"
+# Rows beyond the plain algorithms: name -> config values.
+EXTRA_ROWS = {
+    SWITCH: dict(algorithm="feddyn", switch_to="fedavg", switch_at=10**6),
+    "fedavg+fedbug(P=0.5)": dict(wrappers={"gradual_unfreezing": {"fraction": 0.5}}),
+    "fedavg+RI(beta=0.1)": dict(wrappers={"relaxed_init": {"beta": 0.1}}),
+    "scaffold+RI(beta=0.1)": dict(algorithm="scaffold", wrappers={"relaxed_init": {"beta": 0.1}}),
+}
+REQUIRED_ARGS = {"feddecay": {"beta": 0.9}}
 
 
 def candidate(name: str, setup, data) -> callable:
-    """A closure running one round of ``name`` (or the feddyn->fedavg switch, still in FedDyn)."""
+    """A closure running one round of ``name`` (an algorithm or a row of EXTRA_ROWS)."""
     model = setup.build(fljax.models.default_conv_impl())
     if name == "moon":
         model = with_projection_head(model)
-    if name == SWITCH:
-        config = ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=10**6,
-                                  lr=LEARNING_RATE)
-    else:
-        config = ExperimentConfig(algorithm=name, lr=LEARNING_RATE)
+    values = EXTRA_ROWS.get(name, dict(algorithm=name,
+                                       algorithm_args=REQUIRED_ARGS.get(name, {})))
+    config = ExperimentConfig(lr=LEARNING_RATE).replace(**values)
     algorithm = build_algorithm(config, model, np.asarray(data.count))
     round_fn = fljax.make_round(algorithm, model, data, clients_per_round=setup.cohort,
                                 batch_size=setup.batch, local_steps=setup.local_steps)
     state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
-
-    def run():
-        nonlocal state
-        state, metrics = round_fn(state)
-        jax.block_until_ready((state, metrics))
-
-    return run
+    return runner(round_fn, state)
 
 
 def report(names, timings, rounds: int) -> str:
@@ -72,6 +77,8 @@ def report(names, timings, rounds: int) -> str:
         note = EXTRA_WORK.get(name, "")
         if name == SWITCH:
             note = "switch(feddyn, fedavg) before the switch: its lax.cond next to plain FedDyn"
+        if "+" in name:
+            note = "a wrapper over the algorithm before the +"
         if t.disturbed:
             note += f" ({t.disturbed} disturbed rounds dropped)"
         lines.append(f"| {name} | {t.seconds:.3f} | {ratio:.2f}x | {ok} | {note} |")
@@ -90,7 +97,8 @@ def main() -> None:
     setup = SETUPS[0]
     x, y = synthetic_data(setup)
     data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
-    names = [n for n in ALGORITHMS if n != "fedsgd"] + [SWITCH]   # FedSGD: one full-batch step
+    # FedSGD and large-batch SGD take one full-batch step: not the same local work.
+    names = [n for n in ALGORITHMS if n not in FULL_BATCH] + list(EXTRA_ROWS)
     runs = []
     for name in names:
         print("building", name, flush=True)

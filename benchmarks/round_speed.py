@@ -140,7 +140,11 @@ def fljax_round(setup: Setup, data: fljax.FederatedData, conv_impl: str,
                                 batch_size=setup.batch, local_steps=setup.local_steps,
                                 local_epochs=setup.local_epochs, client_chunk=client_chunk)
     state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
+    return runner(round_fn, state)
 
+
+def runner(round_fn: fljax.RoundFunction, state: fljax.RoundState) -> Callable[[], None]:
+    """A closure running the next round from ``state`` and waiting for it."""
     def run():
         nonlocal state
         state, metrics = round_fn(state)

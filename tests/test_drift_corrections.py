@@ -35,13 +35,16 @@ def zeros(tree):
     return tree_map(np.zeros_like, tree)
 
 
-def local_train(start, x, y, part, steps, *, lr, momentum, weight_decay, clip, in_loss=None):
-    """K local steps of torch SGD after clip_grad_norm_ on the loss (+ in-loss terms):
-    d = clip(grad CE(y) + in_loss(y)) + weight_decay * y;  buf = momentum * buf + d;  y -= lr * buf.
-    """
-    local = tree_map(np.copy, start)
+def local_models(start, x, y, part, steps, *, lr, momentum, weight_decay, clip, in_loss=None,
+                 scale=lambda k: 1.0):
+    """[y_0, ..., y_K] of torch SGD after clip_grad_norm_ with the learning rate lr * scale(k) on
+    the loss (+ in-loss terms):
+    d = clip(grad CE(y) + in_loss(y)) + weight_decay * y;  buf = momentum * buf + d;
+    y -= lr * scale(k) * buf."""
+    models = [tree_map(np.copy, start)]
     buf = None
-    for positions, mask in steps:
+    for k, (positions, mask) in enumerate(steps):
+        local = models[-1]
         examples = part[np.minimum(positions, len(part) - 1)]
         _, g = mlp_loss_and_grad(local, x[examples], y[examples], mask)
         if in_loss is not None:
@@ -51,8 +54,13 @@ def local_train(start, x, y, part, steps, *, lr, momentum, weight_decay, clip, i
             g = tree_map(lambda a: a * clip / max(norm, clip), g)
         g = tree_map(lambda a, b: a + weight_decay * b, g, local)
         buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
-        local = tree_map(lambda a, b: a - lr * b, local, buf)
-    return local
+        models.append(tree_map(lambda a, b: a - lr * scale(k) * b, local, buf))
+    return models
+
+
+def local_train(start, x, y, part, steps, **kwargs):
+    """The local model after the K steps of ``local_models``."""
+    return local_models(start, x, y, part, steps, **kwargs)[-1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,31 +20,9 @@ from fljax.algorithms.feddecay import feddecay, local_decay
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.meta import fomaml, reptile
 from fljax.errors import FljaxError
-from tests.reference import global_norm, mlp_loss_and_grad, tree_map
-from tests.test_drift_corrections import (EPOCHS, STEPS, assert_close, make_local, rounds_of, run,
-                                          split)
-
-
-def local_models(start, x, y, part, steps, *, lr, momentum, weight_decay, clip, scale,
-                 in_loss=None):
-    """[y_0, ..., y_K] of torch SGD after clip_grad_norm_ with the learning rate lr * scale(k):
-    d = clip(grad CE(y) + in_loss(y)) + weight_decay * y;  buf = momentum * buf + d;
-    y -= lr * scale(k) * buf."""
-    models = [tree_map(np.copy, start)]
-    buf = None
-    for k, (positions, mask) in enumerate(steps):
-        local = models[-1]
-        examples = part[np.minimum(positions, len(part) - 1)]
-        _, g = mlp_loss_and_grad(local, x[examples], y[examples], mask)
-        if in_loss is not None:
-            g = tree_map(np.add, g, in_loss(local))
-        if clip is not None:
-            norm = global_norm(g)
-            g = tree_map(lambda a: a * clip / max(norm, clip), g)
-        g = tree_map(lambda a, b: a + weight_decay * b, g, local)
-        buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
-        models.append(tree_map(lambda a, b: a - lr * scale(k) * b, local, buf))
-    return models
+from tests.reference import global_norm, tree_map
+from tests.test_drift_corrections import (EPOCHS, STEPS, assert_close, local_models, make_local,
+                                          rounds_of, run, split)
 
 
 def period_of(per, batch, n):
