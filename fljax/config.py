@@ -60,6 +60,12 @@ class ExperimentConfig:
     local_steps: int | None = None     # exactly one of local_steps / local_epochs
     local_epochs: int | None = 2
     batch_size: int = 16               # 0 = the whole local dataset
+    # personalized evaluation (feddecay.txt section 4): off while user_test_fraction is 0
+    new_users: float = 0.0             # share of the clients held out of training (new users)
+    user_val_fraction: float = 0.0     # share of each user's examples kept for validation
+    user_test_fraction: float = 0.0    # ... and for test (> 0 turns the evaluation on)
+    finetune_steps: int = 0            # SGD steps each user fine-tunes before it is scored
+    finetune_lr: float = 0.01          # (pFL-Bench FEMNIST: 5 steps at 0.01)
     # runner
     eval_every: int = 20
     seed: int = 0
@@ -97,6 +103,22 @@ class ExperimentConfig:
         if self.batch_size < 0:
             raise FljaxError(f"batch_size must be >= 1, or 0 for the full local dataset, got "
                              f"{self.batch_size}")
+        for name in ("new_users", "user_val_fraction", "user_test_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise FljaxError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.user_val_fraction + self.user_test_fraction >= 1:
+            raise FljaxError(f"user_val_fraction + user_test_fraction must be < 1, got "
+                             f"{self.user_val_fraction} + {self.user_test_fraction}")
+        if self.user_test_fraction == 0 and (self.new_users or self.user_val_fraction
+                                             or self.finetune_steps):
+            raise FljaxError("new_users, user_val_fraction and finetune_steps need "
+                             "user_test_fraction > 0 (users are scored on their test split), "
+                             "got user_test_fraction=0")
+        if not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            raise FljaxError(f"finetune_steps must be an integer >= 0, got "
+                             f"{self.finetune_steps!r}")
+        if self.finetune_lr <= 0:
+            raise FljaxError(f"finetune_lr must be > 0, got {self.finetune_lr}")
         if self.partition not in PARTITIONS:
             raise FljaxError(f"partition must be one of {PARTITIONS}, got {self.partition!r}")
         if self.conv_impl is not None and self.conv_impl not in CONV_IMPLS:

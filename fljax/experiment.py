@@ -13,12 +13,14 @@ from fljax.config import (ALGORITHMS, FULL_BATCH, WRAPPERS, ExperimentConfig, js
                           server_optimizer_factory)
 from fljax.data import loaders, partition
 from fljax.data.federated import FederatedData, federate
+from fljax.data.users import split_users
 from fljax.engine import RoundFunction, RoundState, init_state, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
+from fljax.personalize import make_user_evaluator
 
 
 class Experiment(NamedTuple):
@@ -30,6 +32,7 @@ class Experiment(NamedTuple):
     round_fn: RoundFunction
     evaluate: Callable
     initial_state: Callable[[], RoundState]
+    evaluate_users: Callable | None = None   # personalized evaluation (fljax.personalize)
 
 
 def split_clients(config: ExperimentConfig, labels: np.ndarray) -> list[np.ndarray]:
@@ -147,6 +150,16 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         raise FljaxError(f"num_clients ({config.num_clients}) must be <= the number of training "
                          f"examples ({len(dataset.y_train)})")
     parts = split_clients(config, dataset.y_train)
+    users = None
+    if config.user_test_fraction > 0:
+        users = split_users(parts, new_fraction=config.new_users, seed=config.seed,
+                            val_fraction=config.user_val_fraction,
+                            test_fraction=config.user_test_fraction)
+        parts = [users.train[i] for i in users.existing]
+        if config.clients_per_round > len(parts):
+            raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "
+                             f"{len(parts)} existing users (num_clients={config.num_clients} "
+                             f"less the new_users={config.new_users} held out)")
     data = federate(dataset.x_train, dataset.y_train, parts, dataset.num_classes)
     model = make_model(config.model, dataset.x_train.shape[1:], dataset.num_classes,
                        conv_impl=config.conv_impl)
@@ -162,10 +175,19 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         aggregation=config.aggregation, client_chunk=config.client_chunk,
         num_devices=config.num_devices)
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
+    evaluate_users = None
+    if users is not None:
+        finetune = algorithms.local_sgd(config.finetune_lr, momentum=config.momentum,
+                                        weight_decay=config.weight_decay,
+                                        clip_norm=config.clip_norm).chain(0)
+        evaluate_users = make_user_evaluator(
+            model, data, users, finetune=finetune, steps=config.finetune_steps,
+            batch_size=None if config.batch_size == 0 else config.batch_size)
 
     def initial_state() -> RoundState:
         params = model.init(jax.random.PRNGKey(config.seed))
         state = init_state(algorithm, params, data.num_clients, config.seed)
         return round_fn.place(state)
 
-    return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state)
+    return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
+                      evaluate_users)

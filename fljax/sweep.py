@@ -8,6 +8,9 @@ A sweep file::
      "columns": {"column name": {values}, ...},      e.g. methods
      "seeds": [0, 1, 2],
      "target_accuracy": 0.67,                        optional: report rounds to reach it
+     "metrics": {"existing users": "existing_test_acc", "new users": "new_test_acc"},
+                                                     optional: what to tabulate (an evaluation
+                                                     key per label; default the test accuracy)
      "scales": {"cpu": {"base": {values}, "row or column name": {values},
                         "target_accuracy": 0.9}, "full": {...}}}
 
@@ -15,8 +18,8 @@ Run (row, column, seed) has the config ``base + scale.base + row + scale[row] + 
 scale[column] + {seed, out_dir}``: a scale overrides the shared values and any row's or column's
 own (e.g. a smaller switch round on CPU). Its out_dir is ``OUT/scale/row/column/seed_S``; each run
 resumes from its checkpoints, so a sweep that stopped continues where it stopped and a finished
-run is not trained again. The table gives the final test accuracy of every cell as mean +- std
-over seeds, and, if set, the rounds to the target accuracy.
+run is not trained again. The table gives the final test accuracy (or each of the ``metrics``) of
+every cell as mean +- std over seeds, and, if set, the rounds to the target accuracy.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any, Callable, NamedTuple
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
 
-SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes"}
+SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
+              "metrics"}
 
 
 class Cell(NamedTuple):
@@ -63,6 +67,10 @@ def load_sweep(path: str) -> dict[str, Any]:
         if bad:
             raise FljaxError(f"sweep {key} names {bad} may hold only letters, digits, spaces "
                              f"and _ . + - > ( )")
+    metrics = sweep.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(isinstance(v, str) for v in metrics.values()):
+        raise FljaxError(f"sweep 'metrics' must be an object of label -> evaluation key, got "
+                         f"{metrics!r}")
     seeds = sweep.get("seeds", [0])
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
         raise FljaxError(f"sweep 'seeds' must be a non-empty list of integers, got {seeds!r}")
@@ -136,9 +144,10 @@ def run_sweep(sweep: dict[str, Any], cell_list: list[Cell],
 
 
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
-    """Markdown: final test accuracy (%) of each cell as mean +- std over seeds, the best of a
-    row in bold; if the sweep sets a target accuracy, a row of rounds to reach it (mean over
-    seeds; x where some seed never reached it)."""
+    """Markdown: final test accuracy (%) of each cell (a line per row and metric, if the sweep
+    names ``metrics``) as mean +- std over seeds, the best of a line in bold; if the sweep sets a
+    target accuracy, a line of rounds to reach it (mean over seeds; x where some seed never
+    reached it)."""
     columns = list(sweep["columns"])
     target = sweep.get("scales", {}).get(scale, {}).get("target_accuracy",
                                                         sweep.get("target_accuracy"))
@@ -146,11 +155,13 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
     for row in sweep["rows"]:
         runs = [[evals for cell, evals in results.items()
                  if cell.row == row and cell.column == column and evals] for column in columns]
-        finals = [[100 * evals[-1]["accuracy"] for evals in r] for r in runs]
-        cells_text = [mean_std(f) for f in finals]
-        best = max(range(len(columns)), key=lambda j: statistics.mean(finals[j] or [-1.0]))
-        cells_text[best] = f"**{cells_text[best]}**"
-        lines.append(f"| {row} | " + " | ".join(cells_text) + " |")
+        for label, key in sweep.get("metrics", {"": "accuracy"}).items():
+            finals = [[100 * evals[-1][key] for evals in r] for r in runs]
+            cells_text = [mean_std(f) for f in finals]
+            best = max(range(len(columns)), key=lambda j: statistics.mean(finals[j] or [-1.0]))
+            cells_text[best] = f"**{cells_text[best]}**"
+            name = f"{row}: {label}" if label else row
+            lines.append(f"| {name} | " + " | ".join(cells_text) + " |")
         if target is not None:
             reach = [[rounds_to(evals, target) for evals in r] for r in runs]
             lines.append(f"| {row}: rounds to {100 * target:g}% | " + " | ".join(

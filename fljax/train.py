@@ -27,6 +27,7 @@ from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
 from fljax.experiment import Experiment, build
 from fljax.logs import RunLog, read_log
+from fljax.personalize import finetune_key
 
 
 class RunInterrupted(Exception):
@@ -163,24 +164,32 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
 
 def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
     """Scores of the algorithm's evaluation models: 'accuracy', 'loss' for the first (the global
-    model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h)."""
+    model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h); with
+    personalized evaluation on, the global model's per-user scores ('existing_test_acc', ...)."""
     models = experiment.algorithm.eval_models(state.params, state.server_state)
     scores = {}
     for i, (name, params) in enumerate(models.items()):
         prefix = "" if i == 0 else f"{name}/"
         scores.update({prefix + k: float(v) for k, v in experiment.evaluate(params).items()})
+    if experiment.evaluate_users is not None:
+        key = finetune_key(state.key, int(state.round))
+        scores.update(experiment.evaluate_users(next(iter(models.values())), key))
     return scores
 
 
 def results_table(evaluations: list[dict[str, Any]], title: str) -> str:
     """A plain-text table of the evaluations (comm: communication rounds so far, FedGA's extra
-    exchange included), with the best and final accuracy."""
+    exchange included; with personalized evaluation, the mean test accuracy of existing and new
+    users after fine-tuning), with the best and final accuracy."""
+    users = [group for group in ("existing", "new")
+             if evaluations and f"{group}_test_acc" in evaluations[-1]]
     lines = [title, f"{'round':>6}  {'comm':>6}  {'test acc':>8}  {'test loss':>9}  "
-                    f"{'time (s)':>8}"]
+                    + "".join(f"{group:>8}  " for group in users) + f"{'time (s)':>8}"]
     for e in evaluations:
         comm = e.get("communication_rounds", e["round"])
         lines.append(f"{e['round']:>6}  {comm:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
-                     f"{e['time_s']:>8.1f}")
+                     + "".join(f"{e[f'{group}_test_acc']:>8.4f}  " for group in users)
+                     + f"{e['time_s']:>8.1f}")
     if evaluations:
         best = max(evaluations, key=lambda e: e["accuracy"])
         lines.append(f"final accuracy {evaluations[-1]['accuracy']:.4f}; best "

@@ -50,6 +50,20 @@ def federate(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray],
                          f"[{y.min()}, {y.max()}]")
     if not np.all(np.isfinite(x)):
         raise FljaxError(f"features contain {int((~np.isfinite(x)).sum())} NaN or Inf values")
+    index, offset, count = _layout(parts, x.shape[0])
+    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64 is on
+    return FederatedData(x=jnp.asarray(x, float_dtype), y=jnp.asarray(y, jnp.int32),
+                         index=index, offset=offset, count=count)
+
+
+def with_parts(data: FederatedData, parts: Sequence[np.ndarray]) -> FederatedData:
+    """The same examples (no copy) held by clients as ``parts`` says (e.g. each user's test split)."""
+    index, offset, count = _layout(parts, data.x.shape[0])
+    return data._replace(index=index, offset=offset, count=count)
+
+
+def _layout(parts: Sequence[np.ndarray], num_examples: int):
+    """(index, offset, count) device arrays of a partition, checked: no client empty, ids in range."""
     if len(parts) == 0:
         raise FljaxError("the partition has no clients")
     counts = np.array([len(p) for p in parts], np.int64)
@@ -58,11 +72,9 @@ def federate(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray],
         raise FljaxError(f"the partition leaves {len(empty)} client(s) empty (first: client "
                          f"{int(empty[0])}); use fewer clients or a larger min_size")
     index = np.concatenate([np.asarray(p, np.int64) for p in parts])
-    if index.min() < 0 or index.max() >= x.shape[0]:
-        raise FljaxError(f"partition indices must lie in [0, {x.shape[0]}), got range "
+    if index.min() < 0 or index.max() >= num_examples:
+        raise FljaxError(f"partition indices must lie in [0, {num_examples}), got range "
                          f"[{index.min()}, {index.max()}]")
     offset = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64 is on
-    return FederatedData(x=jnp.asarray(x, float_dtype), y=jnp.asarray(y, jnp.int32),
-                         index=jnp.asarray(index, jnp.int32), offset=jnp.asarray(offset, jnp.int32),
-                         count=jnp.asarray(counts, jnp.int32))
+    return (jnp.asarray(index, jnp.int32), jnp.asarray(offset, jnp.int32),
+            jnp.asarray(counts, jnp.int32))

@@ -1,0 +1,129 @@
+"""Personalized evaluation (feddecay.txt section 4, after pFL-Bench): every user fine-tunes the global
+model on its own training split, then is scored on its own validation and test splits.
+
+User u starts from the global model w and takes S steps of the fine-tuning optimizer (by default
+SGD at the fine-tuning learning rate with the experiment's clip, momentum and weight decay;
+FedDecay's trainer fine-tunes with beta = 1, no decay) on minibatches of its training split, read
+in shuffled epochs like a round's local steps (``fljax.data.batching``):
+
+    w_u,0 = w,      w_u,s+1 = w_u,s - eta_ft clip(grad f_u(w_u,s; batch s)),      s < S,
+
+and acc_u = the accuracy of w_u,S on u's examples of a split; S = 0 scores w itself. Per group of
+users (``existing``: they train in the federation; ``new``: held out) and split the summary is
+the paper's: Acc = the mean over users (unweighted), the bottom ten percentile
+``np.percentile(acc, 10)`` and sigma = the standard deviation over users (``np.std``), plus the
+example-weighted mean. pFL-Bench's FEMNIST setting: S = 5, eta_ft = 0.01, clip 5, batch 32.
+All users are fine-tuned in one compiled program (a ``lax.map`` over users); only the fine-tuned
+models' correct counts and losses leave it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fljax.data.batching import batch_from_order, epoch_order_at
+from fljax.data.federated import FederatedData, with_parts
+from fljax.data.users import Users
+from fljax.models.model import Model, Params, cross_entropy
+
+FINETUNE_STREAM = 0x7E5  # folded into a round's key: fine-tuning never reuses a training draw
+
+
+def finetune_key(root_key: jax.Array, round_index: int) -> jax.Array:
+    """The fine-tuning key of an evaluation after round ``round_index`` (resume-stable)."""
+    return jax.random.fold_in(jax.random.fold_in(root_key, round_index), FINETUNE_STREAM)
+
+
+def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
+                        finetune: optax.GradientTransformation, steps: int,
+                        batch_size: int | None, eval_batch: int = 256
+                        ) -> Callable[[Params, jax.Array], dict[str, float]]:
+    """``evaluate(params, key) -> {'existing_test_acc', 'existing_test_acc_p10', ...}``.
+
+    ``data`` holds the examples (its own client layout is ignored); ``users`` says whose they
+    are. ``batch_size=None`` fine-tunes on a user's whole training split at once.
+    """
+    train = with_parts(data, users.train)
+    splits = {"test": with_parts(data, users.test)}
+    if all(len(v) for v in users.val):
+        splits["val"] = with_parts(data, users.val)
+    max_train = int(np.max(np.asarray(train.count)))
+    batch = max_train if batch_size is None else batch_size
+    groups = {"existing": users.existing, "new": users.new}
+    groups = {name: ids for name, ids in groups.items() if len(ids)}
+
+    def loss_fn(params, x, y, mask, rng):
+        return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
+
+    def fine_tuned(params, key, train: FederatedData, user):
+        count, offset = train.count[user], train.offset[user]
+        batch_key, step_key = jax.random.split(jax.random.fold_in(key, user))
+
+        def step(carry, k):
+            local, opt_state, order = carry
+            order = epoch_order_at(batch_key, count, k, batch, max_train, order)
+            positions, mask = batch_from_order(order, count, k, batch, max_train)
+            ids = train.index[offset + positions]
+            grads = jax.grad(loss_fn)(local, train.x[ids], train.y[ids], mask,
+                                      jax.random.fold_in(step_key, k))
+            updates, opt_state = finetune.update(grads, opt_state, local)
+            return (optax.apply_updates(local, updates), opt_state, order), None
+
+        first = (params, finetune.init(params), jnp.zeros(max_train, jnp.int32))
+        (local, _, _), _ = jax.lax.scan(step, first, jnp.arange(steps))
+        return local
+
+    largest = {name: int(np.max(np.asarray(split.count))) for name, split in splits.items()}
+
+    def scored(params, split: FederatedData, largest: int, user):
+        """(correct, summed loss) of ``params`` on ``user``'s examples of ``split``."""
+        count, offset = split.count[user], split.offset[user]
+        size = min(eval_batch, largest)
+        chunks = -(-largest // size)
+
+        def body(totals, c):
+            slots = c * size + jnp.arange(size)
+            mask = slots < count
+            ids = split.index[offset + jnp.minimum(slots, count - 1)]
+            logits = model.apply(params, split.x[ids])
+            correct = jnp.sum((logits.argmax(-1) == split.y[ids]) * mask)
+            loss = cross_entropy(logits, split.y[ids], mask) * mask.sum()
+            return (totals[0] + correct, totals[1] + loss), None
+
+        zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
+        (correct, loss), _ = jax.lax.scan(body, (zero, zero), jnp.arange(chunks))
+        return correct, loss
+
+    @jax.jit
+    def per_user(params, key, train, splits):   # the data are arguments, not baked-in constants
+        def one(user):
+            local = fine_tuned(params, key, train, user) if steps else params
+            return {name: scored(local, split, largest[name], user)
+                    for name, split in splits.items()}
+
+        return jax.lax.map(one, jnp.arange(len(users.train)))
+
+    def evaluate(params: Params, key: jax.Array) -> dict[str, float]:
+        results = jax.device_get(per_user(params, key, train, splits))
+        scores = {}
+        for split_name, (correct, loss) in results.items():
+            count = np.asarray(splits[split_name].count, np.float64)
+            for group, ids in groups.items():
+                acc = np.asarray(correct, np.float64)[ids] / count[ids]
+                prefix = f"{group}_{split_name}"
+                scores.update({
+                    f"{prefix}_acc": float(np.mean(acc)),
+                    f"{prefix}_acc_p10": float(np.percentile(acc, 10)),
+                    f"{prefix}_acc_std": float(np.std(acc)),
+                    f"{prefix}_acc_weighted": float(np.sum(acc * count[ids]) / count[ids].sum()),
+                    f"{prefix}_loss": float(np.mean(np.asarray(loss, np.float64)[ids]
+                                                    / count[ids])),
+                })
+        return scores
+
+    return evaluate
