@@ -116,6 +116,10 @@ CASES = {
                          base="fedprox", fraction=0.7, mu=0.4),
     "feddyn_steps": dict(**STEPS | dict(local_steps=4), **MOMENTUM, clip=None,
                          aggregation="uniform", base="feddyn", fraction=1.0, alpha=0.3),
+    # The linear term alpha (h_k - theta) is nonzero on frozen leaves: it must stay out of the
+    # clip norm (torch: no .grad, so clip_grad_norm_ leaves it out).
+    "feddyn_clip": dict(**STEPS | dict(local_steps=4), **MOMENTUM, clip=0.2,
+                        aggregation="uniform", base="feddyn", fraction=1.0, alpha=0.3),
 }
 
 

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.algorithms.transforms import zero_frozen
+
 Params = Any
 LossFn = Callable[..., jax.Array]  # loss_fn(params, x, y, mask, rng) -> scalar
 
@@ -80,6 +82,7 @@ class LocalSGD(NamedTuple):
 
     Per step, for the loss gradient g at the local model y:
         g <- g + sum(loss_terms)           gradients of terms that sit in the loss (clipped)
+        g <- 0 on frozen leaves            (only when update() is given ``frozen=``: FedBug)
         g <- clip(g, clip_norm)
         g <- g + (weight_decay + extra_weight_decay) * y        (torch's weight_decay: unclipped)
         buf <- momentum * buf + g; y <- y - lr * round_decay**t * buf   (torch-style momentum)
@@ -98,6 +101,8 @@ class LocalSGD(NamedTuple):
     def chain(self, round_index: jax.Array, loss_terms: Sequence[optax.GradientTransformation] = (),
               extra_weight_decay: jax.Array | float = 0.0) -> optax.GradientTransformation:
         parts = list(loss_terms)
+        if parts and self.clip_norm is not None:
+            parts.append(zero_frozen())
         if self.clip_norm is not None:
             parts.append(optax.clip_by_global_norm(self.clip_norm))
         decay = self.weight_decay + extra_weight_decay

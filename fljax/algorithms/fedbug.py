@@ -32,15 +32,16 @@ no weight decay, no momentum, no FedDyn/SCAFFOLD linear term, and ``clip_grad_no
 of the global norm. Here, per local step and for the wrapped algorithm's optax chain tx:
 
     g      <- g masked to 0 on frozen leaves     (the clip norm sees only the trainable gradients)
-    u, s'  =  tx.update(g, s, y)
+    u, s'  =  tx.update(g, s, y, frozen=mask)    (LocalSGD's chain zeros the in-loss terms of
+                                                  frozen leaves before its clip: FedDyn's
+                                                  alpha_k (h_k - theta), SCAFFOLD's c - c_i)
     u      <- u masked to 0 on frozen leaves     (no weight decay, linear term, proximal term, ...)
     s'     <- s on frozen leaves, for every params-shaped part of the state (momentum buffers)
 
 so a frozen leaf stays bit-identical to the server's value, and its momentum buffer starts at its
-first trainable step with buf = d_p, as torch's does. One difference remains: an in-loss term that
-is nonzero at a frozen leaf (FedDyn's alpha_k (h_k - theta), SCAFFOLD's c - c_i) still enters the
-clip norm of the wrapped chain, which torch would not count; without clipping, or when the clip is
-inactive, the result is torch's exactly. (FedProx's term mu (y - w) is 0 at a frozen leaf.)
+first trainable step with buf = d_p, as torch's does. The mask reaches the clip through optax's
+extra arguments, which ``optax.chain`` forwards; a custom local transformation that does not
+forward them still has its in-loss terms of frozen leaves in its clip norm.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def keep_frozen_state(new_state: Any, old_state: Any, frozen: Params) -> Any:
 def masked_by_schedule(tx: optax.GradientTransformation, unit_of_leaf: Params,
                        trainable) -> optax.GradientTransformation:
     """``tx`` updating only the leaves whose unit is ``trainable(step)``; step counts updates."""
+    tx = optax.with_extra_args_support(tx)
 
     def init(params):
         return tx.init(params), jnp.zeros((), jnp.int32)
@@ -108,11 +110,11 @@ def masked_by_schedule(tx: optax.GradientTransformation, unit_of_leaf: Params,
         inner, step = state
         units = trainable(step)
         train = jax.tree.map(lambda u: units[u], unit_of_leaf)
+        frozen = jax.tree.map(jnp.logical_not, train)
         zero_frozen = lambda t, x: jnp.where(t, x, jnp.zeros_like(x))
         grads = jax.tree.map(zero_frozen, train, grads)
-        updates, new_inner = tx.update(grads, inner, params)
+        updates, new_inner = tx.update(grads, inner, params, frozen=frozen)
         updates = jax.tree.map(zero_frozen, train, updates)
-        frozen = jax.tree.map(jnp.logical_not, train)
         return updates, (keep_frozen_state(new_inner, inner, frozen), step + 1)
 
     return optax.GradientTransformation(init, update)

@@ -6,10 +6,13 @@ Each adds the gradient of a term of the local objective, so it goes in ``LocalSG
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
+import jax.numpy as jnp
 import optax
 
-from fljax.algorithms.base import Params
+Params = Any
 
 
 def add_constant(tree: Params) -> optax.GradientTransformation:
@@ -32,3 +35,20 @@ def add_proximal(mu: float | jax.Array, anchor: Params) -> optax.GradientTransfo
         return jax.tree.map(lambda g, y, a: g + mu * (y - a), updates, params, anchor), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def zero_frozen() -> optax.GradientTransformationExtraArgs:
+    """g <- 0 on the leaves marked True in ``update(..., frozen=tree)``, the identity without it.
+
+    ``LocalSGD.chain`` puts it after the in-loss terms, before the clip: FedBug passes its mask, so
+    a frozen leaf's in-loss terms stay out of the clip norm, as torch leaves out a parameter
+    without ``.grad``."""
+
+    def update(updates, state, params=None, *, frozen=None, **extra_args):
+        del params, extra_args
+        if frozen is None:
+            return updates, state
+        return jax.tree.map(lambda f, g: jnp.where(f, jnp.zeros_like(g), g), frozen,
+                            updates), state
+
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
