@@ -155,7 +155,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
 
     def context(client_id, client_state, weight, params, server_state, round_index,
-                data: FederatedData, cohort_message=()) -> ClientContext:
+                data: FederatedData, cohort_message=(), own_message=()) -> ClientContext:
         count = data.count[client_id]
         offset = data.offset[client_id]
         per_epoch = steps_per_epoch(count, batch)
@@ -180,17 +180,18 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                              cohort_size=clients_per_round, num_clients=num_clients,
                              num_examples=count, num_steps=jnp.asarray(num_steps, jnp.int32),
                              steps_per_epoch=per_epoch, full_gradient=full_gradient,
-                             cohort_message=cohort_message)
+                             cohort_message=cohort_message, own_message=own_message)
 
     def client_first_exchange(client_id, client_state, weight, params, server_state, round_index,
                               data: FederatedData):
         ctx = context(client_id, client_state, weight, params, server_state, round_index, data)
-        return (), algorithm.cohort_start(ctx), ()
+        message = algorithm.cohort_start(ctx)
+        return message, message, ()     # kept per client (own_message) and summed
 
-    def one_client(client_id, client_state, weight, params, server_state, round_index, key,
-                   data: FederatedData, cohort_message):
+    def one_client(client_id, client_state, weight, own_message, params, server_state,
+                   round_index, key, data: FederatedData, cohort_message):
         ctx = context(client_id, client_state, weight, params, server_state, round_index, data,
-                      cohort_message)
+                      cohort_message, own_message)
         count, offset, num_steps = ctx.num_examples, data.offset[client_id], ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
         start = algorithm.client_start(ctx, start_key)
@@ -223,18 +224,18 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                    **algorithm.client_metrics(ctx, start, end)}
         return new_state, message, metrics
 
-    def cohort_sum(fn, ids, states, weights):
-        _, total, _ = _map_sum(fn, (ids, states, weights), client_chunk)
-        return total if num_devices == 1 else jax.lax.psum(total, "clients")
-
     def run_clients(ids, states, weights, params, server_state, round_index, key, data):
         shared = dict(params=params, server_state=server_state, round_index=round_index, data=data)
-        cohort_message = ()
+        cohort_message = own_messages = ()
         if algorithm.cohort_start is not None:
             first = functools.partial(client_first_exchange, **shared)
-            cohort_message = cohort_sum(first, ids, states, weights)
+            own_messages, cohort_message, _ = _map_sum(first, (ids, states, weights),
+                                                       client_chunk)
+            if num_devices > 1:
+                cohort_message = jax.lax.psum(cohort_message, "clients")
         fn = functools.partial(one_client, key=key, cohort_message=cohort_message, **shared)
-        new_states, message_sum, metrics = _map_sum(fn, (ids, states, weights), client_chunk)
+        new_states, message_sum, metrics = _map_sum(fn, (ids, states, weights, own_messages),
+                                                    client_chunk)
         if num_devices > 1:
             message_sum = jax.lax.psum(message_sum, "clients")
         return new_states, message_sum, metrics

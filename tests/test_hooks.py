@@ -24,12 +24,14 @@ def setup():
 
 
 def with_hooks(base):
-    """FedAvg whose clients first send p_i * n_i, and report what came back and their own n_i."""
+    """FedAvg whose clients first send p_i * n_i, and report what came back, their own n_i and
+    their own message divided by p_i (n_i again)."""
     def cohort_start(ctx):
         return ctx.weight * ctx.num_examples
 
     def client_metrics(ctx, start, end):
-        return {"cohort_mean_n": ctx.cohort_message, "n": ctx.num_examples.astype(jnp.float32)}
+        return {"cohort_mean_n": ctx.cohort_message, "n": ctx.num_examples.astype(jnp.float32),
+                "own_n": ctx.own_message / ctx.weight}
 
     return base._replace(cohort_start=cohort_start, client_metrics=client_metrics,
                          exchanges=lambda t: 2)
@@ -43,7 +45,7 @@ def expected(state, round_index, cohort_size=3):
     return float(np.sum(weights * counts)), float(np.mean(counts))
 
 
-def test_cohort_message_is_the_sum_of_first_messages_and_metrics_are_cohort_means():
+def test_cohort_message_is_the_sum_of_first_messages_own_message_and_cohort_mean_metrics():
     data, model = setup()
     algorithm = with_hooks(fedavg(local_sgd(0.1)))
     for chunk in (1, 3):
@@ -55,6 +57,7 @@ def test_cohort_message_is_the_sum_of_first_messages_and_metrics_are_cohort_mean
             state, metrics = round_fn(state)
             np.testing.assert_allclose(metrics["cohort_mean_n"], want_message, rtol=1e-6)
             np.testing.assert_allclose(metrics["n"], want_n, rtol=1e-6)
+            np.testing.assert_allclose(metrics["own_n"], want_n, rtol=1e-6)
 
 
 def test_switch_carries_the_hooks_of_the_running_algorithm():

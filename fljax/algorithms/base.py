@@ -3,7 +3,7 @@
 A communication round, as the engine runs it for every sampled client i (all inside one jit):
 
     [c_i           = cohort_start(ctx); C = sum_i c_i]       # optional first exchange (FedGA's
-                                                             #   full gradients), C in ctx
+                                                             #   full gradients), C and c_i in ctx
     ctx            = ClientContext(global params w, server state, client state s_i, round, ...)
     y_i,0          = client_start(ctx, key)                  # FedInit relaxed init, FedGA
     tx             = client_tx(ctx)                          # local optax chain: corrections,
@@ -55,6 +55,7 @@ class ClientContext(NamedTuple):
     full_gradient: Callable[[Params], Params]  # grad of the mean model loss over all n_i
                                                # examples (traced only if an algorithm calls it)
     cohort_message: Any = ()  # sum over the cohort of cohort_start's messages (if it has one)
+    own_message: Any = ()     # this client's own cohort_start message (kept, not sent again)
 
 
 class Algorithm(NamedTuple):

@@ -26,7 +26,8 @@ With aggregation='examples', p_i = n_i / sum_S n_j and the displacements cancel 
 -beta (gbar - mean_S g_i) in the aggregate, as in the official code. beta = 0 is FedAvg exactly
 (the gradients are still exchanged). The official defaults: beta = 0.1, K = 5, lr 0.01, wd 1e-3;
 beta is not decayed (the decay line is commented out). g_i(x) is taken without dropout (the engine's
-``full_gradient``); each client computes it twice, once to send it and once to displace itself.
+``full_gradient``), once per client and round: the client keeps the message it sent
+(``ctx.own_message``) for its own displacement.
 
 GradAlign (Algorithm 1, the datacenter form) is FedGA with K = 1: run ``gradalign`` with
 ``local_steps=1``, each "client" a mini-batch shard.
@@ -74,8 +75,9 @@ def fedga(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, beta
     def client_start(ctx: ClientContext, key: jax.Array) -> Params:
         del key
         weighted_sum, total = ctx.cohort_message
-        return jax.tree.map(lambda w, s, g: w - beta * (s / total - g), ctx.params, weighted_sum,
-                            local_gradient(ctx))
+        own_sum, n = ctx.own_message                                  # g_i(x) = n_i g_i(x) / n_i
+        return jax.tree.map(lambda w, s, o: w - beta * (s / total - o / n), ctx.params,
+                            weighted_sum, own_sum)
 
     return fedavg(local, server_optimizer, name=name)._replace(
         cohort_start=cohort_start, client_start=client_start, exchanges=lambda round_index: 2)

@@ -45,8 +45,11 @@ def switch(first: Algorithm, then: Algorithm, at_round: int) -> Algorithm:
     def contexts(ctx: ClientContext) -> tuple[ClientContext, ClientContext]:
         (s1, s2), (c1, c2) = ctx.server_state, ctx.client_state
         m1, m2 = ctx.cohort_message or ((), ())
-        return (ctx._replace(server_state=s1["state"], client_state=c1, cohort_message=m1),
-                ctx._replace(server_state=s2["state"], client_state=c2, cohort_message=m2))
+        o1, o2 = ctx.own_message or ((), ())
+        return (ctx._replace(server_state=s1["state"], client_state=c1, cohort_message=m1,
+                             own_message=o1),
+                ctx._replace(server_state=s2["state"], client_state=c2, cohort_message=m2,
+                             own_message=o2))
 
     def both(fn1, fn2, ctx1, ctx2, *args):
         """(fn1's output, zeros like fn2's) before the switch, (zeros, fn2's) from it on."""
