@@ -35,8 +35,8 @@ EXTRA_WORK = {
 }
 INHERENT = ("fedsam", "moon", "fedntd", "fedga", "gradalign")
 EXTRA_WORK.update({
-    "fedga": "a full pass over each client's data for its full gradient (taken twice: sent, "
-             "then used for its own displacement)",
+    "fedga": "a full pass over each client's data for its full gradient (here 50 batches, "
+             "as many as its 50 local steps)",
     "gradalign": "as FedGA (GradAlign's own setting is one local step)",
 })
 SWITCH = "feddyn->fedavg"
