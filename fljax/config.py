@@ -9,6 +9,7 @@ from typing import Any
 
 import optax
 
+from fljax.data.augment import AUGMENTATIONS
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 
@@ -34,6 +35,8 @@ class ExperimentConfig:
     replacement: bool = False          # 'dirichlet_balanced': sample with replacement (FedInit)
     classes_per_client: int = 2        # 'classes'
     num_clients: int = 20
+    augment: str = "none"              # training batches: one of AUGMENTATIONS ('flip_crop':
+                                       #   the FedDyn code's CIFAR flip + pad-4 crop)
     # model
     model: str = "mlp"
     conv_impl: str | None = None       # 'im2col' | 'xla'; default per backend
@@ -119,6 +122,8 @@ class ExperimentConfig:
                              f"{self.finetune_steps!r}")
         if self.finetune_lr <= 0:
             raise FljaxError(f"finetune_lr must be > 0, got {self.finetune_lr}")
+        if self.augment not in AUGMENTATIONS:
+            raise FljaxError(f"augment must be one of {AUGMENTATIONS}, got {self.augment!r}")
         if self.partition not in PARTITIONS:
             raise FljaxError(f"partition must be one of {PARTITIONS}, got {self.partition!r}")
         if self.conv_impl is not None and self.conv_impl not in CONV_IMPLS:

@@ -12,6 +12,7 @@ from fljax import algorithms
 from fljax.config import (ALGORITHMS, FULL_BATCH, WRAPPERS, ExperimentConfig, json_object,
                           server_optimizer_factory)
 from fljax.data import loaders, partition
+from fljax.data.augment import named_augmentation
 from fljax.data.federated import FederatedData, federate
 from fljax.data.users import split_users
 from fljax.engine import RoundFunction, RoundState, init_state, make_round
@@ -173,7 +174,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         local_steps=1 if full_batch else config.local_steps,
         local_epochs=None if full_batch else config.local_epochs,
         aggregation=config.aggregation, client_chunk=config.client_chunk,
-        num_devices=config.num_devices)
+        num_devices=config.num_devices, augment=named_augmentation(config.augment))
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
     evaluate_users = None
     if users is not None:

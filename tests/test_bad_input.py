@@ -78,6 +78,7 @@ CASES = [
     ("keep no checkpoints", lambda t: ["--keep-checkpoints", "0"], "keep_checkpoints must"),
     ("unknown algorithm", lambda t: ["--algorithm", "fedfoo"], "algorithm must be one of"),
     ("unknown partition", lambda t: ["--partition", "zipf"], "partition must be one of"),
+    ("unknown augmentation", lambda t: ["--augment", "mixup"], "augment must be one of"),
     ("unknown model", lambda t: ["--model", "resnet1"], "unknown model 'resnet1'"),
     ("cnn on 8x8 digits", lambda t: ["--model", "small_cnn"], "at least 13x13"),
     ("negative alpha", lambda t: ["--alpha", "-1"], "alpha must be > 0"),
