@@ -54,12 +54,14 @@ class Checkpoints:
                              f"damaged: use --fresh or another --out-dir") from None
         return dict(restored.config)
 
-    def restore(self, round_index: int, like: Any, config: dict[str, Any]) -> Any:
+    def restore(self, round_index: int, like: Any, config: dict[str, Any],
+                defaults: dict[str, Any] | None = None) -> Any:
         """The state saved at ``round_index``, checked against this experiment first.
 
-        ``like`` is a pytree of arrays or ShapeDtypeStructs with the expected structure.
+        ``like`` is a pytree of arrays or ShapeDtypeStructs with the expected structure;
+        ``defaults`` are the values of config fields newer than the checkpoint.
         """
-        check_same_experiment(self.saved_config(round_index), config, self.directory)
+        check_same_experiment(self.saved_config(round_index), config, self.directory, defaults)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
         try:
             restored = self._manager.restore(round_index, args=ocp.args.Composite(
@@ -73,8 +75,14 @@ class Checkpoints:
         self._manager.close()
 
 
-def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    """Raise FljaxError naming the first config value that differs, other than RESUMABLE_CHANGES."""
+def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where: str,
+                          defaults: dict[str, Any] | None = None) -> None:
+    """Raise FljaxError naming the first config value that differs, other than RESUMABLE_CHANGES.
+
+    A field missing from the saved config (added to fljax after the checkpoint was written) counts
+    as its value in ``defaults``: a new field's default keeps the old behaviour.
+    """
+    saved = {**(defaults or {}), **saved}
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES:
             continue

@@ -89,7 +89,8 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     state = experiment.initial_state()
     if saved_round is not None:
         state = experiment.round_fn.place(
-            checkpoints.restore(saved_round, state, config.to_dict()))
+            checkpoints.restore(saved_round, state, config.to_dict(),
+                                defaults=ExperimentConfig().to_dict()))
     with open(os.path.join(config.out_dir, "config.json"), "w") as f:
         json.dump(config.to_dict(), f, indent=1)
     log = RunLog(config.out_dir, saved_round)

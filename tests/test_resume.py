@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from fljax import FljaxError, algorithms
-from fljax.checkpoint import Checkpoints
+from fljax.checkpoint import Checkpoints, check_same_experiment
 from fljax.config import ExperimentConfig
 from fljax.experiment import build
 from fljax.logs import read_log
@@ -82,6 +82,19 @@ def test_half_run_then_resume_is_bit_identical(name, tmp_path):
         assert int(np.asarray(got[0].client_states["visits"]).sum()) == 8 * 4
     assert records(full.out_dir) == records(resumed.out_dir)
     assert len([r for r in records(full.out_dir) if r["kind"] == "round"]) == 8
+
+
+def test_a_checkpoint_older_than_a_config_field_resumes_when_the_field_keeps_its_default():
+    """A field added after the checkpoint was written counts as its default (the old behaviour)."""
+    current = ExperimentConfig(**BASE).to_dict()
+    older = {k: v for k, v in current.items() if k != "augment"}
+    defaults = ExperimentConfig().to_dict()
+    check_same_experiment(older, current, "dir", defaults)
+    with pytest.raises(FljaxError, match="different experiment: augment is 'none' there and "
+                                         "'flip_crop' here"):
+        check_same_experiment(older, {**current, "augment": "flip_crop"}, "dir", defaults)
+    with pytest.raises(FljaxError, match="different experiment: augment is None there"):
+        check_same_experiment(older, current, "dir")
 
 
 def test_restore_into_other_experiment_fails_before_training(tmp_path, capsys):
