@@ -10,6 +10,7 @@ from typing import Any
 import optax
 
 from fljax.data.augment import AUGMENTATIONS
+from fljax.engine import PARTICIPATIONS
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 
@@ -59,7 +60,10 @@ class ExperimentConfig:
     aggregation: str = "examples"      # 'examples' | 'uniform'
     # rounds
     rounds: int = 200
-    clients_per_round: int = 10
+    clients_per_round: int = 10        # with participation 'bernoulli': the expected number
+    participation: str = "uniform"     # one of PARTICIPATIONS: 'uniform' (clients_per_round
+                                       #   distinct clients) or 'bernoulli' (each client joins
+                                       #   with probability clients_per_round / num_clients)
     local_steps: int | None = None     # exactly one of local_steps / local_epochs
     local_epochs: int | None = 2
     batch_size: int = 16               # 0 = the whole local dataset
@@ -122,6 +126,9 @@ class ExperimentConfig:
                              f"{self.finetune_steps!r}")
         if self.finetune_lr <= 0:
             raise FljaxError(f"finetune_lr must be > 0, got {self.finetune_lr}")
+        if self.participation not in PARTICIPATIONS:
+            raise FljaxError(f"participation must be one of {PARTICIPATIONS}, got "
+                             f"{self.participation!r}")
         if self.augment not in AUGMENTATIONS:
             raise FljaxError(f"augment must be one of {AUGMENTATIONS}, got {self.augment!r}")
         if self.partition not in PARTITIONS:

@@ -27,6 +27,7 @@ from fljax.errors import FljaxError
 from fljax.models.model import Model, cross_entropy
 
 AGGREGATIONS = ("examples", "uniform")
+PARTICIPATIONS = ("uniform", "bernoulli")
 
 
 class RoundState(NamedTuple):
@@ -64,17 +65,44 @@ def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Arr
     return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
 
 
-def cohort_weights(counts: jax.Array, aggregation: str, dtype) -> jax.Array:
-    """p_i: n_i / sum_S n_j ('examples') or 1/|S| ('uniform')."""
-    if aggregation == "uniform":
+def bernoulli_cohort(key: jax.Array, num_clients: int, rate: float,
+                     num_devices: int = 1) -> tuple[jax.Array, jax.Array]:
+    """The FedDyn code's participation: each client joins independently with probability
+    ``rate``, and the draw is repeated (the key folded with the attempt) while nobody joined.
+
+    Returns (ids, joined) over all N clients: those who joined first, ascending, then the others;
+    over D devices the order is dealt round-robin, so each device gets its share of them."""
+    def draw(attempt):
+        return jax.random.uniform(jax.random.fold_in(key, attempt), (num_clients,)) < rate
+
+    _, joined = jax.lax.while_loop(lambda c: ~jnp.any(c[1]),
+                                   lambda c: (c[0] + 1, draw(c[0] + 1)), (0, draw(0)))
+    ids = jnp.argsort(~joined, stable=True).astype(jnp.int32)
+    ids = ids.reshape(num_clients // num_devices, num_devices).T.reshape(-1)
+    return ids, joined[ids]
+
+
+def cohort_weights(counts: jax.Array, aggregation: str, dtype,
+                   joined: jax.Array | None = None) -> jax.Array:
+    """p_i: n_i / sum_S n_j ('examples') or 1/|S| ('uniform'); 0 where ``joined`` is False."""
+    if joined is not None:
+        joined = joined.astype(dtype)
+        if aggregation == "uniform":
+            return joined / joined.sum()
+        counts = counts * joined
+    elif aggregation == "uniform":
         return jnp.full(counts.shape, 1.0 / counts.shape[0], dtype)
     counts = counts.astype(dtype)
     return counts / counts.sum()
 
 
-def _map_sum(fn, inputs, chunk: int):
+def _map_sum(fn, inputs, chunk: int, idle=None):
     """Apply ``fn`` to each row of ``inputs`` in chunks of ``chunk`` rows (vmap inside a scan over
-    chunks); return (stacked first outputs, SUM over rows of the second output, stacked third)."""
+    chunks); return (stacked first outputs, SUM over rows of the second output, stacked third).
+
+    With ``idle`` (fn's outputs for a row that does no work), ``inputs[-1]`` is each row's active
+    flag and a chunk without an active row calls ``idle`` instead (``lax.cond``: it costs nothing).
+    """
     rows = jax.tree.leaves(inputs)[0].shape[0]
     one = jax.tree.map(lambda a: a[0], inputs)
     _, msg_shape, _ = jax.eval_shape(fn, *one)
@@ -84,7 +112,12 @@ def _map_sum(fn, inputs, chunk: int):
     def body(acc, xs):
         if chunk == 1:
             xs = jax.tree.map(lambda a: a[0], xs)
-        state, msg, metrics = per_chunk(*xs)
+        if idle is None:
+            state, msg, metrics = per_chunk(*xs)
+        else:
+            rest = (lambda *r: idle(*r)) if chunk == 1 else jax.vmap(idle)
+            state, msg, metrics = jax.lax.cond(jnp.any(xs[-1]), lambda: per_chunk(*xs),
+                                               lambda: rest(*xs))
         if chunk == 1:
             state, metrics = jax.tree.map(lambda a: a[None], (state, metrics))
         else:
@@ -124,7 +157,8 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                batch_size: int | None, local_steps: int | None = None,
                local_epochs: int | None = None, aggregation: str = "examples",
                client_chunk: int | None = None, num_devices: int = 1,
-               augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None) -> RoundFunction:
+               augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+               participation: str = "uniform") -> RoundFunction:
     """Compile-ready round of ``algorithm`` training ``model`` on ``data``.
 
     Local work is exactly one of ``local_steps`` (K steps) or ``local_epochs`` (E passes, i.e.
@@ -133,20 +167,29 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     1 is a sequential scan over clients (fastest on CPU), ``clients_per_round / num_devices`` is a
     full vmap (GPU); default: 1 on CPU, all on GPU. ``num_devices`` > 1 splits the cohort over
     that many devices. ``augment(key, x) -> x`` transforms each training batch.
+
+    ``participation='uniform'`` samples ``clients_per_round`` distinct clients; 'bernoulli' lets
+    each client join with probability C = clients_per_round / N (``bernoulli_cohort``; the FedDyn,
+    FedBug and FL-Simulator code). The program then has a slot for every client and skips the
+    slots of those who did not join: with ``client_chunk`` c, a round costs the ceil(|S|/c) chunks
+    that hold someone (default c: 1 on CPU, the expected cohort per device on GPU).
     """
     num_clients = data.num_clients
     counts = np.asarray(data.count)
     max_count = int(counts.max())
     batch = max_count if batch_size is None else batch_size
     _check_round_args(num_clients, clients_per_round, batch, local_steps, local_epochs,
-                      aggregation, num_devices)
+                      aggregation, num_devices, participation)
+    bernoulli = participation == "bernoulli"
+    slots = num_clients if bernoulli else clients_per_round
     if local_steps is not None:
         max_steps = local_steps
     else:
         max_steps = local_epochs * int(np.max((counts + batch - 1) // batch))
-    per_device = clients_per_round // num_devices
+    per_device = slots // num_devices
     if client_chunk is None:
-        client_chunk = 1 if jax.default_backend() == "cpu" else per_device
+        wanted = 1 if jax.default_backend() == "cpu" else -(-clients_per_round // num_devices)
+        client_chunk = max(c for c in range(1, wanted + 1) if per_device % c == 0)
     if client_chunk < 1 or per_device % client_chunk:
         raise FljaxError(f"client_chunk must divide the clients per device ({per_device}), got "
                          f"{client_chunk}")
@@ -154,7 +197,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     def model_loss(params, x, y, mask, rng):
         return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
 
-    def context(client_id, client_state, weight, params, server_state, round_index,
+    def context(client_id, client_state, weight, params, server_state, round_index, cohort_size,
                 data: FederatedData, cohort_message=(), own_message=()) -> ClientContext:
         count = data.count[client_id]
         offset = data.offset[client_id]
@@ -177,21 +220,22 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
 
         return ClientContext(params=params, server_state=server_state, client_state=client_state,
                              round=round_index, client_id=client_id, weight=weight,
-                             cohort_size=clients_per_round, num_clients=num_clients,
+                             cohort_size=cohort_size, num_clients=num_clients,
                              num_examples=count, num_steps=jnp.asarray(num_steps, jnp.int32),
                              steps_per_epoch=per_epoch, full_gradient=full_gradient,
                              cohort_message=cohort_message, own_message=own_message)
 
-    def client_first_exchange(client_id, client_state, weight, params, server_state, round_index,
-                              data: FederatedData):
-        ctx = context(client_id, client_state, weight, params, server_state, round_index, data)
+    def client_first_exchange(client_id, client_state, weight, joined, params, server_state,
+                              round_index, cohort_size, data: FederatedData):
+        ctx = context(client_id, client_state, weight, params, server_state, round_index,
+                      cohort_size, data)
         message = algorithm.cohort_start(ctx)
         return message, message, ()     # kept per client (own_message) and summed
 
-    def one_client(client_id, client_state, weight, own_message, params, server_state,
-                   round_index, key, data: FederatedData, cohort_message):
-        ctx = context(client_id, client_state, weight, params, server_state, round_index, data,
-                      cohort_message, own_message)
+    def one_client(client_id, client_state, weight, own_message, joined, params, server_state,
+                   round_index, cohort_size, key, data: FederatedData, cohort_message):
+        ctx = context(client_id, client_state, weight, params, server_state, round_index,
+                      cohort_size, data, cohort_message, own_message)
         count, offset, num_steps = ctx.num_examples, data.offset[client_id], ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
         start = algorithm.client_start(ctx, start_key)
@@ -224,18 +268,40 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                    **algorithm.client_metrics(ctx, start, end)}
         return new_state, message, metrics
 
-    def run_clients(ids, states, weights, params, server_state, round_index, key, data):
-        shared = dict(params=params, server_state=server_state, round_index=round_index, data=data)
+    def joined_only(fn, keep_state: bool):
+        """(fn, idle) for _map_sum: fn's outputs where the client joined the round, else idle's:
+        its state unchanged (``keep_state``; else zeros) and zero message and metrics."""
+        if not bernoulli:
+            return fn, None
+
+        def idle(*row):
+            state_shape, message_shape, metrics_shape = jax.eval_shape(fn, *row)
+            zeros = lambda tree: jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
+            return (row[1] if keep_state else zeros(state_shape), zeros(message_shape),
+                    zeros(metrics_shape))
+
+        def masked(*row):   # a select, not a product: an idle slot's NaN never leaks
+            return jax.tree.map(lambda a, b: jnp.where(row[-1], a, b), fn(*row), idle(*row))
+
+        return masked, idle
+
+    def run_clients(ids, states, weights, joined, cohort_size, params, server_state, round_index,
+                    key, data):
+        if not bernoulli:
+            cohort_size = clients_per_round          # static, as ClientContext promises
+        shared = dict(params=params, server_state=server_state, round_index=round_index,
+                      cohort_size=cohort_size, data=data)
         cohort_message = own_messages = ()
         if algorithm.cohort_start is not None:
-            first = functools.partial(client_first_exchange, **shared)
-            own_messages, cohort_message, _ = _map_sum(first, (ids, states, weights),
-                                                       client_chunk)
+            first, idle = joined_only(functools.partial(client_first_exchange, **shared), False)
+            own_messages, cohort_message, _ = _map_sum(first, (ids, states, weights, joined),
+                                                       client_chunk, idle)
             if num_devices > 1:
                 cohort_message = jax.lax.psum(cohort_message, "clients")
-        fn = functools.partial(one_client, key=key, cohort_message=cohort_message, **shared)
-        new_states, message_sum, metrics = _map_sum(fn, (ids, states, weights, own_messages),
-                                                    client_chunk)
+        fn, idle = joined_only(functools.partial(one_client, key=key,
+                                                 cohort_message=cohort_message, **shared), True)
+        new_states, message_sum, metrics = _map_sum(
+            fn, (ids, states, weights, own_messages, joined), client_chunk, idle)
         if num_devices > 1:
             message_sum = jax.lax.psum(message_sum, "clients")
         return new_states, message_sum, metrics
@@ -245,18 +311,26 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         mesh = Mesh(np.array(jax.devices()[:num_devices]), ("clients",))
         run_clients = jax.shard_map(
             run_clients, mesh=mesh,
-            in_specs=(P("clients"), P("clients"), P("clients"), P(), P(), P(), P(), P()),
+            in_specs=(P("clients"), P("clients"), P("clients"), P("clients"), P(), P(), P(),
+                      P(), P(), P()),
             out_specs=(P("clients"), P(), P("clients")), check_vma=False)
 
     def round_fn(state: RoundState, data: FederatedData):
         sample_key, client_key = round_key(state.key, state.round)
-        cohort = sample_cohort(sample_key, num_clients, clients_per_round)
+        if bernoulli:
+            cohort, joined = bernoulli_cohort(sample_key, num_clients,
+                                              clients_per_round / num_clients, num_devices)
+            cohort_size = joined.sum()
+        else:
+            cohort = sample_cohort(sample_key, num_clients, clients_per_round)
+            joined, cohort_size = jnp.ones(slots, bool), jnp.asarray(clients_per_round)
         dtype = jax.tree.leaves(state.params)[0].dtype
-        weights = cohort_weights(data.count[cohort], aggregation, dtype)
+        weights = cohort_weights(data.count[cohort], aggregation, dtype,
+                                 joined if bernoulli else None)
         states = jax.tree.map(lambda a: a[cohort], state.client_states)
-        new_states, message, metrics = run_clients(cohort, states, weights, state.params,
-                                                   state.server_state, state.round, client_key,
-                                                   data)
+        new_states, message, metrics = run_clients(cohort, states, weights, joined, cohort_size,
+                                                   state.params, state.server_state, state.round,
+                                                   client_key, data)
         params, server_state = algorithm.server_update(state.params, state.server_state, message,
                                                        state.round)
         client_states = jax.tree.map(lambda a, new: a.at[cohort].set(new), state.client_states,
@@ -264,9 +338,12 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         new_state = RoundState(round=state.round + 1, key=state.key, params=params,
                                server_state=server_state, client_states=client_states)
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
-        round_metrics = {"train_loss": jnp.sum(weights * metrics.pop("loss")), "clients": cohort,
+        mean = (lambda values: jnp.sum(jnp.where(joined, values, 0)) / cohort_size) \
+            if bernoulli else jnp.mean
+        round_metrics = {"train_loss": jnp.sum(weights * metrics.pop("loss")),
+                         "clients": jnp.where(joined, cohort, -1),   # -1: a slot nobody took
                          "params_finite": finite, "client_steps": metrics.pop("steps"),
-                         **{name: jnp.mean(values) for name, values in metrics.items()}}
+                         **{name: mean(values) for name, values in metrics.items()}}
         return new_state, round_metrics
 
     if mesh is not None:
@@ -275,7 +352,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
 
 
 def _check_round_args(num_clients, clients_per_round, batch, local_steps, local_epochs,
-                      aggregation, num_devices):
+                      aggregation, num_devices, participation):
     if not 1 <= clients_per_round <= num_clients:
         raise FljaxError(f"clients_per_round must be in [1, {num_clients}] (the number of "
                          f"clients), got {clients_per_round}")
@@ -293,6 +370,11 @@ def _check_round_args(num_clients, clients_per_round, batch, local_steps, local_
     if not 1 <= num_devices <= available:
         raise FljaxError(f"num_devices must be in [1, {available}] (devices available), got "
                          f"{num_devices}")
-    if clients_per_round % num_devices:
+    if participation not in PARTICIPATIONS:
+        raise FljaxError(f"participation must be one of {PARTICIPATIONS}, got {participation!r}")
+    if participation == "bernoulli" and num_clients % num_devices:
+        raise FljaxError(f"with bernoulli participation the number of clients ({num_clients}) "
+                         f"must be a multiple of num_devices ({num_devices})")
+    if participation == "uniform" and clients_per_round % num_devices:
         raise FljaxError(f"clients_per_round ({clients_per_round}) must be a multiple of "
                          f"num_devices ({num_devices})")

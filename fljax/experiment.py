@@ -174,7 +174,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         local_steps=1 if full_batch else config.local_steps,
         local_epochs=None if full_batch else config.local_epochs,
         aggregation=config.aggregation, client_chunk=config.client_chunk,
-        num_devices=config.num_devices, augment=named_augmentation(config.augment))
+        num_devices=config.num_devices, augment=named_augmentation(config.augment),
+        participation=config.participation)
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
     evaluate_users = None
     if users is not None:

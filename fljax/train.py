@@ -120,7 +120,8 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                    f"{checkpoints.directory!r}" if kept is not None else "No checkpoint was "
                    "written yet"))
         extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
-        log.round(round_index, loss, np.asarray(m["clients"]).tolist(),
+        clients = np.asarray(m["clients"])
+        log.round(round_index, loss, clients[clients >= 0].tolist(),
                   time.perf_counter() - start,
                   {"communication_rounds": exchanged(round_index), **extras})
         postfix["loss"] = f"{loss:.4f}"

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from fljax.data.batching import client_batch, steps_per_epoch
-from fljax.engine import client_keys, round_key, sample_cohort
+from fljax.engine import bernoulli_cohort, client_keys, round_key, sample_cohort
 
 
 def mlp_loss_and_grad(params, x, y, mask):
@@ -44,10 +44,15 @@ def global_norm(tree) -> float:
 
 
 def client_schedule(key, round_index, client_ids_count, counts, batch_size, local_steps,
-                    local_epochs, max_count):
-    """Yield, per sampled client, (client id, list of (positions, mask)) exactly as sampled."""
+                    local_epochs, max_count, participation="uniform"):
+    """Yield, per sampled client, (client id, list of (positions, mask)) exactly as sampled;
+    with Bernoulli participation, the clients who joined (rate client_ids_count / N)."""
     sample_key, client_key = round_key(key, round_index)
-    cohort = np.asarray(sample_cohort(sample_key, len(counts), client_ids_count))
+    if participation == "bernoulli":
+        ids, joined = bernoulli_cohort(sample_key, len(counts), client_ids_count / len(counts))
+        cohort = np.sort(np.asarray(ids)[np.asarray(joined)])
+    else:
+        cohort = np.asarray(sample_cohort(sample_key, len(counts), client_ids_count))
     for cid in cohort:
         n = int(counts[cid])
         num_steps = local_steps if local_steps is not None else local_epochs * int(

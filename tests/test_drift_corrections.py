@@ -64,25 +64,26 @@ def local_train(start, x, y, part, steps, **kwargs):
 
 
 @functools.lru_cache(maxsize=None)
-def schedule(sizes, t, cohort, batch, local_steps, local_epochs, seed):
+def schedule(sizes, t, cohort, batch, local_steps, local_epochs, seed, participation="uniform"):
     """Round t's [(client id, steps)] exactly as fljax samples them (under x64, as the fljax runs
     here are: the sampling draws depend on it)."""
     counts = np.array(sizes)
     with jax.enable_x64(True):
         return list(client_schedule(jax.random.PRNGKey(seed), t, cohort, counts, batch,
-                                    local_steps, local_epochs, counts.max()))
+                                    local_steps, local_epochs, counts.max(), participation))
 
 
 def rounds_of(parts, *, batch, local_steps, local_epochs, aggregation, cohort=COHORT, seed=SEED,
-              rounds=ROUNDS):
-    """Per round: (t, [(p_i, client id, steps)])."""
+              rounds=ROUNDS, participation="uniform"):
+    """Per round: (t, [(p_i, client id, steps)]); p_i over the clients of the round."""
     sizes = tuple(len(p) for p in parts)
     counts = np.array(sizes)
     for t in range(rounds):
-        clients = schedule(sizes, t, cohort, batch, local_steps, local_epochs, seed)
+        clients = schedule(sizes, t, cohort, batch, local_steps, local_epochs, seed,
+                           participation)
         ids = [cid for cid, _ in clients]
         p = (counts[ids] / counts[ids].sum() if aggregation == "examples"
-             else np.full(cohort, 1.0 / cohort))
+             else np.full(len(ids), 1.0 / len(ids)))
         yield t, [(pi, cid, steps) for pi, (cid, steps) in zip(p, clients)]
 
 
@@ -166,14 +167,14 @@ def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regul
 # running fljax in float64
 
 def run(alg, *, batch, local_steps, local_epochs, aggregation, cohort=COHORT, seed=SEED,
-        rounds=ROUNDS, problem_seed=0, client_chunk=1):
+        rounds=ROUNDS, problem_seed=0, client_chunk=1, participation="uniform"):
     """(initial float64 params, final state, x, y, parts); call inside jax.enable_x64(True)."""
     x, y, parts, model = tiny_problem(problem_seed)
     params = jax.tree.map(lambda a: np.asarray(a, np.float64), model.init(jax.random.PRNGKey(1)))
     round_fn = make_round(alg, model, federate(x, y, parts, NUM_CLASSES),
                           clients_per_round=cohort, batch_size=batch, local_steps=local_steps,
                           local_epochs=local_epochs, aggregation=aggregation,
-                          client_chunk=client_chunk)
+                          client_chunk=client_chunk, participation=participation)
     state = init_state(alg, params, len(parts), seed=seed)
     for _ in range(rounds):
         state, _ = round_fn(state)

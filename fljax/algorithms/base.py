@@ -47,7 +47,7 @@ class ClientContext(NamedTuple):
     round: jax.Array          # shape=(), int32: t
     client_id: jax.Array      # shape=(), int32: i
     weight: jax.Array         # shape=(), float: p_i, sums to 1 over the cohort
-    cohort_size: int          # |S^t| (static)
+    cohort_size: int          # |S^t| (static; a traced int under Bernoulli participation)
     num_clients: int          # N, all clients (static)
     num_examples: jax.Array   # shape=(), int32: n_i
     num_steps: jax.Array      # shape=(), int32: local steps client i takes this round
