@@ -131,7 +131,6 @@ MULTI_DEVICE = textwrap.dedent("""
     fedga = algorithms.fedga(algorithms.local_sgd(0.1), beta=0.5)   # a first exchange, psum-ed
     for alg, layouts, participation in [
             (fedavgm, [(1, 1), (8, 1), (4, 2), (2, 4)], "uniform"),
-            (fedga, [(1, 1), (4, 2)], "uniform"),
             (fedga, [(1, 1), (4, 2)], "bernoulli")]:      # 16 slots, dealt over the devices
         results = []
         for devices, chunk in layouts:
