@@ -222,6 +222,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                              round=round_index, client_id=client_id, weight=weight,
                              cohort_size=cohort_size, num_clients=num_clients,
                              num_examples=count, num_steps=jnp.asarray(num_steps, jnp.int32),
+                             max_steps=max_steps,
                              steps_per_epoch=per_epoch, full_gradient=full_gradient,
                              cohort_message=cohort_message, own_message=own_message)
 

@@ -51,6 +51,7 @@ class ClientContext(NamedTuple):
     num_clients: int          # N, all clients (static)
     num_examples: jax.Array   # shape=(), int32: n_i
     num_steps: jax.Array      # shape=(), int32: local steps client i takes this round
+    max_steps: int            # the most local steps any client takes (static): num_steps <= it
     steps_per_epoch: jax.Array  # shape=(), int32: ceil(n_i / batch size)
     full_gradient: Callable[[Params], Params]  # grad of the mean model loss over all n_i
                                                # examples (traced only if an algorithm calls it)

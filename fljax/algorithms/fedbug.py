@@ -19,8 +19,9 @@ units is min(M, floor(k / f) + 1). In the paper's 1-based count (k+1) unit j tra
 P K / M is an integer. Otherwise the code unfreezes earlier: it floors P K / M before multiplying
 by j. P = 0, and any P K < M (f = 0), freezes nothing: the wrapped algorithm exactly.
 K is the client's own step count (``ctx.num_steps``; E * ceil(n_i / B) with local epochs).
-f is computed on the host in float64 (a ``pure_callback`` per client and round), because in
-float32 P*K can fall below an integer that float64 reaches (0.7 * 10 -> 6.9999998 vs 7.0).
+f is looked up in a table built on the host in Python floats for every K up to ``ctx.max_steps``,
+because in float32 P*K can fall below an integer that float64 reaches (0.7 * 10 -> 6.9999998 vs
+7.0).
 
 Ablations (fedbug.txt appendix, "Comparative Analysis of Freezing Strategies"; ``utils_gu.py`` GU
 codes 200, 301, 302): ``order="top_down"`` mirrors the schedule (the output unit always trains,
@@ -60,16 +61,11 @@ from fljax.errors import FljaxError
 ORDERS = ("bottom_up", "top_down")
 
 
-def unfreeze_factor(fraction: float, num_steps: jax.Array, num_units: int) -> jax.Array:
-    """f = fraction * K // M with Python float semantics, for a traced (possibly batched) K."""
-    if fraction == 0.0:
-        return jnp.zeros(jnp.shape(num_steps), jnp.int32)
-
-    def host(steps):
-        return (np.asarray(steps).astype(np.float64) * fraction // num_units).astype(np.int32)
-
-    return jax.pure_callback(host, jax.ShapeDtypeStruct(jnp.shape(num_steps), jnp.int32),
-                             num_steps, vmap_method="expand_dims")
+def unfreeze_factor(fraction: float, num_steps: jax.Array, num_units: int,
+                    max_steps: int) -> jax.Array:
+    """f = fraction * K // M with Python float semantics, for a traced K in [0, max_steps]."""
+    table = np.array([int(fraction * k // num_units) for k in range(max_steps + 1)], np.int32)
+    return jnp.asarray(table)[num_steps]
 
 
 def trainable_units(step: jax.Array, factor: jax.Array, num_units: int, order: str,
@@ -146,7 +142,7 @@ def gradual_unfreezing(algorithm: Algorithm, units: Sequence[Sequence[str]], fra
 
     def client_tx(ctx: ClientContext) -> optax.GradientTransformation:
         _check_groups(unit_index, ctx.params)
-        factor = unfreeze_factor(fraction, ctx.num_steps, len(units))
+        factor = unfreeze_factor(fraction, ctx.num_steps, len(units), ctx.max_steps)
         unit_of_leaf = jax.tree_util.tree_map_with_path(
             lambda path, _: unit_index[path[0].key], ctx.params)
         return masked_by_schedule(
