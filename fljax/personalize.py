@@ -80,11 +80,12 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
 
     largest = {name: int(np.max(np.asarray(split.count))) for name, split in splits.items()}
 
-    def scored(params, split: FederatedData, largest: int, user):
-        """(correct, summed loss) of ``params`` on ``user``'s examples of ``split``."""
+    def scored(params, split: FederatedData, most: int, user):
+        """(correct, summed loss) of ``params`` on ``user``'s examples of ``split``, whose users
+        hold at most ``most`` examples each."""
         count, offset = split.count[user], split.offset[user]
-        size = min(eval_batch, largest)
-        chunks = -(-largest // size)
+        size = min(eval_batch, most)
+        chunks = -(-most // size)
 
         def body(totals, c):
             slots = c * size + jnp.arange(size)
