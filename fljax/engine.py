@@ -96,6 +96,39 @@ def cohort_weights(counts: jax.Array, aggregation: str, dtype,
     return counts / counts.sum()
 
 
+def local_training(loss_fn: Callable, tx: optax.GradientTransformation, start: Params,
+                   data: FederatedData, client: jax.Array, batch_key: jax.Array,
+                   step_key: jax.Array, *, num_steps: jax.Array, max_steps: int, batch: int,
+                   max_count: int, augment: Callable | None = None) -> tuple[Params, jax.Array]:
+    """(the client's model after ``num_steps`` steps of ``tx`` on ``loss_fn`` from ``start``, each
+    step's loss). Step k reads batch k of the client's shuffled epochs (``fljax.data.batching``);
+    the scan runs ``max_steps`` steps, and steps k >= num_steps change nothing (loss 0)."""
+    count, offset = data.count[client], data.offset[client]
+    grad_fn = jax.value_and_grad(loss_fn)
+
+    def step(carry, k):
+        local, opt_state, order = carry
+        order = epoch_order_at(batch_key, count, k, batch, max_count, order)
+        positions, mask = batch_from_order(order, count, k, batch, max_count)
+        ids = data.index[offset + positions]
+        x, y = data.x[ids], data.y[ids]
+        rng = jax.random.fold_in(step_key, k)
+        if augment is not None:
+            x = augment(jax.random.fold_in(rng, 1), x)
+        loss, grads = grad_fn(local, x, y, mask, rng)
+        updates, new_opt_state = tx.update(grads, opt_state, local)
+        new_local = optax.apply_updates(local, updates)
+        active = k < num_steps
+        keep = lambda new, old: jnp.where(active, new, old)
+        carry = (jax.tree.map(keep, new_local, local),
+                 jax.tree.map(keep, new_opt_state, opt_state), order)
+        return carry, jnp.where(active, loss, 0.0)
+
+    first = (start, tx.init(start), jnp.zeros(max_count, jnp.int32))
+    (end, _, _), losses = jax.lax.scan(step, first, jnp.arange(max_steps))
+    return end, losses
+
+
 def _map_sum(fn, inputs, chunk: int, idle=None):
     """Apply ``fn`` to each row of ``inputs`` in chunks of ``chunk`` rows (vmap inside a scan over
     chunks); return (stacked first outputs, SUM over rows of the second output, stacked third).
@@ -115,7 +148,7 @@ def _map_sum(fn, inputs, chunk: int, idle=None):
         if idle is None:
             state, msg, metrics = per_chunk(*xs)
         else:
-            rest = (lambda *r: idle(*r)) if chunk == 1 else jax.vmap(idle)
+            rest = idle if chunk == 1 else jax.vmap(idle)
             state, msg, metrics = jax.lax.cond(jnp.any(xs[-1]), lambda: per_chunk(*xs),
                                                lambda: rest(*xs))
         if chunk == 1:
@@ -237,47 +270,28 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                    round_index, cohort_size, key, data: FederatedData, cohort_message):
         ctx = context(client_id, client_state, weight, params, server_state, round_index,
                       cohort_size, data, cohort_message, own_message)
-        count, offset, num_steps = ctx.num_examples, data.offset[client_id], ctx.num_steps
+        num_steps = ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
         start = algorithm.client_start(ctx, start_key)
-        tx = algorithm.client_tx(ctx)
-        loss_fn = algorithm.client_loss(ctx, model_loss)
-        grad_fn = jax.value_and_grad(loss_fn)
-
-        def step(carry, k):
-            local, opt_state, order = carry
-            order = epoch_order_at(batch_key, count, k, batch, max_count, order)
-            positions, mask = batch_from_order(order, count, k, batch, max_count)
-            ids = data.index[offset + positions]
-            x, y = data.x[ids], data.y[ids]
-            rng = jax.random.fold_in(step_key, k)
-            if augment is not None:
-                x = augment(jax.random.fold_in(rng, 1), x)
-            loss, grads = grad_fn(local, x, y, mask, rng)
-            updates, new_opt_state = tx.update(grads, opt_state, local)
-            new_local = optax.apply_updates(local, updates)
-            active = k < num_steps
-            keep = lambda new, old: jnp.where(active, new, old)
-            carry = (jax.tree.map(keep, new_local, local),
-                     jax.tree.map(keep, new_opt_state, opt_state), order)
-            return carry, jnp.where(active, loss, 0.0)
-
-        first = (start, tx.init(start), jnp.zeros(max_count, jnp.int32))
-        (end, _, _), losses = jax.lax.scan(step, first, jnp.arange(max_steps))
+        end, losses = local_training(
+            algorithm.client_loss(ctx, model_loss), algorithm.client_tx(ctx), start, data,
+            client_id, batch_key, step_key, num_steps=num_steps, max_steps=max_steps,
+            batch=batch, max_count=max_count, augment=augment)
         new_state, message = algorithm.client_end(ctx, start, end)
         metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps,
                    **algorithm.client_metrics(ctx, start, end)}
         return new_state, message, metrics
 
-    def joined_only(fn, keep_state: bool):
-        """(fn, idle) for _map_sum: fn's outputs where the client joined the round, else idle's:
-        its state unchanged (``keep_state``; else zeros) and zero message and metrics."""
+    def joined_only(fn, inputs, keep_state: bool):
+        """(fn, idle) for _map_sum over ``inputs``: fn's outputs where the client joined the round,
+        else idle's: its state unchanged (``keep_state``; else zeros), zero message and metrics."""
         if not bernoulli:
             return fn, None
+        state_shape, message_shape, metrics_shape = jax.eval_shape(
+            fn, *jax.tree.map(lambda a: a[0], inputs))      # traced once, not per use of idle
+        zeros = lambda tree: jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
 
         def idle(*row):
-            state_shape, message_shape, metrics_shape = jax.eval_shape(fn, *row)
-            zeros = lambda tree: jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
             return (row[1] if keep_state else zeros(state_shape), zeros(message_shape),
                     zeros(metrics_shape))
 
@@ -294,15 +308,17 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                       cohort_size=cohort_size, data=data)
         cohort_message = own_messages = ()
         if algorithm.cohort_start is not None:
-            first, idle = joined_only(functools.partial(client_first_exchange, **shared), False)
-            own_messages, cohort_message, _ = _map_sum(first, (ids, states, weights, joined),
-                                                       client_chunk, idle)
+            inputs = (ids, states, weights, joined)
+            first, idle = joined_only(functools.partial(client_first_exchange, **shared), inputs,
+                                      False)
+            own_messages, cohort_message, _ = _map_sum(first, inputs, client_chunk, idle)
             if num_devices > 1:
                 cohort_message = jax.lax.psum(cohort_message, "clients")
+        inputs = (ids, states, weights, own_messages, joined)
         fn, idle = joined_only(functools.partial(one_client, key=key,
-                                                 cohort_message=cohort_message, **shared), True)
-        new_states, message_sum, metrics = _map_sum(
-            fn, (ids, states, weights, own_messages, joined), client_chunk, idle)
+                                                 cohort_message=cohort_message, **shared), inputs,
+                               True)
+        new_states, message_sum, metrics = _map_sum(fn, inputs, client_chunk, idle)
         if num_devices > 1:
             message_sum = jax.lax.psum(message_sum, "clients")
         return new_states, message_sum, metrics

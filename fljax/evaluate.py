@@ -11,6 +11,14 @@ import numpy as np
 from fljax.models.model import Model, Params, cross_entropy
 
 
+def batch_scores(model: Model, params: Params, x: jax.Array, y: jax.Array,
+                 mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(number correct, summed cross-entropy) of ``params`` over the examples where mask is 1."""
+    logits = model.apply(params, x.astype(jax.tree.leaves(params)[0].dtype))
+    correct = jnp.sum((logits.argmax(-1) == y) * mask)
+    return correct, cross_entropy(logits, y, mask) * mask.sum()
+
+
 def make_evaluator(model: Model, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
                    ) -> Callable[[Params], dict[str, jax.Array]]:
     """``evaluate(params) -> {'accuracy', 'loss'}`` over all of (x, y), scanned in fixed batches.
@@ -30,10 +38,7 @@ def make_evaluator(model: Model, x: np.ndarray, y: np.ndarray, batch_size: int =
     @jax.jit
     def evaluate(params, x_b, y_b, mask_b):
         def body(totals, batch):
-            xb, yb, mb = batch
-            logits = model.apply(params, xb.astype(jax.tree.leaves(params)[0].dtype))
-            correct = jnp.sum((logits.argmax(-1) == yb) * mb)
-            loss = cross_entropy(logits, yb, mb) * mb.sum()
+            correct, loss = batch_scores(model, params, *batch)
             return (totals[0] + correct, totals[1] + loss), None
 
         (correct, loss), _ = jax.lax.scan(body, (0.0, 0.0), (x_b, y_b, mask_b))

@@ -26,9 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fljax.data.batching import batch_from_order, epoch_order_at
 from fljax.data.federated import FederatedData, with_parts
 from fljax.data.users import Users
+from fljax.engine import local_training
+from fljax.evaluate import batch_scores
 from fljax.models.model import Model, Params, cross_entropy
 
 FINETUNE_STREAM = 0x7E5  # folded into a round's key: fine-tuning never reuses a training draw
@@ -61,21 +62,11 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
         return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
 
     def fine_tuned(params, key, train: FederatedData, user):
-        count, offset = train.count[user], train.offset[user]
+        """The round's local loop (``engine.local_training``), S steps of ``finetune``."""
         batch_key, step_key = jax.random.split(jax.random.fold_in(key, user))
-
-        def step(carry, k):
-            local, opt_state, order = carry
-            order = epoch_order_at(batch_key, count, k, batch, max_train, order)
-            positions, mask = batch_from_order(order, count, k, batch, max_train)
-            ids = train.index[offset + positions]
-            grads = jax.grad(loss_fn)(local, train.x[ids], train.y[ids], mask,
-                                      jax.random.fold_in(step_key, k))
-            updates, opt_state = finetune.update(grads, opt_state, local)
-            return (optax.apply_updates(local, updates), opt_state, order), None
-
-        first = (params, finetune.init(params), jnp.zeros(max_train, jnp.int32))
-        (local, _, _), _ = jax.lax.scan(step, first, jnp.arange(steps))
+        local, _ = local_training(loss_fn, finetune, params, train, user, batch_key, step_key,
+                                  num_steps=steps, max_steps=steps, batch=batch,
+                                  max_count=max_train)
         return local
 
     largest = {name: int(np.max(np.asarray(split.count))) for name, split in splits.items()}
@@ -91,9 +82,7 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
             slots = c * size + jnp.arange(size)
             mask = slots < count
             ids = split.index[offset + jnp.minimum(slots, count - 1)]
-            logits = model.apply(params, split.x[ids])
-            correct = jnp.sum((logits.argmax(-1) == split.y[ids]) * mask)
-            loss = cross_entropy(logits, split.y[ids], mask) * mask.sum()
+            correct, loss = batch_scores(model, params, split.x[ids], split.y[ids], mask)
             return (totals[0] + correct, totals[1] + loss), None
 
         zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
