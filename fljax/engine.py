@@ -39,8 +39,11 @@ class RoundState(NamedTuple):
 
 
 def init_state(algorithm: Algorithm, params: Params, num_clients: int, seed: int) -> RoundState:
-    """Round 0: the server's and every client's initial state (as device arrays)."""
-    params = jax.tree.map(jnp.asarray, params)
+    """Round 0: the server's and every client's initial state (as device arrays).
+
+    The state owns fresh copies of ``params``: the round donates its state, and the caller's arrays
+    stay usable (e.g. to start a second algorithm from the same initial model)."""
+    params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
     client_state = algorithm.client_init(params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)).copy(),
                            client_state)
@@ -254,7 +257,9 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         return ClientContext(params=params, server_state=server_state, client_state=client_state,
                              round=round_index, client_id=client_id, weight=weight,
                              cohort_size=cohort_size, num_clients=num_clients,
-                             num_examples=count, num_steps=jnp.asarray(num_steps, jnp.int32),
+                             num_examples=count,
+                             mean_examples=data.count.mean(dtype=jax.tree.leaves(params)[0].dtype),
+                             num_steps=jnp.asarray(num_steps, jnp.int32),
                              max_steps=max_steps,
                              steps_per_epoch=per_epoch, full_gradient=full_gradient,
                              cohort_message=cohort_message, own_message=own_message)
