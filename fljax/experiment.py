@@ -55,12 +55,12 @@ def algorithm_factories() -> dict[str, Callable[..., algorithms.Algorithm]]:
     return {name: getattr(algorithms, name) for name in ALGORITHMS}
 
 
-def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Model,
-                   client_sizes: np.ndarray) -> algorithms.Algorithm:
+def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig,
+                   model: Model) -> algorithms.Algorithm:
     """Call the factory ``name`` with the config's local optimizer and ``kwargs``.
 
     What a factory takes beyond its hyperparameters is filled in from the experiment: ``model``
-    (feature regularizers), ``client_sizes`` (FedDyn's adaptive alpha), ``server_lr`` and
+    (feature regularizers), ``server_lr`` and
     ``server_optimizer`` (from --server-lr / --server-optimizer) unless given in ``kwargs``.
     The full-batch algorithms (FedSGD, large-batch SGD) take the lr and SGD settings directly.
     """
@@ -74,7 +74,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
     local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
                                  weight_decay=config.weight_decay, clip_norm=config.clip_norm)
     accepted = inspect.signature(factory).parameters
-    extras = {"model": model, "client_sizes": client_sizes, "server_lr": config.server_lr}
+    extras = {"model": model, "server_lr": config.server_lr}
     extras = {k: v for k, v in extras.items() if k in accepted}
     if "server_optimizer" in accepted and "server_optimizer" not in kwargs:
         optimizer = server_optimizer_factory(config.server_optimizer)
@@ -94,7 +94,7 @@ def call(name: str, factory: Callable[..., algorithms.Algorithm], args: list, kw
     one it needs and was not given) becomes one line naming it and listing the allowed ones."""
     parameters = list(inspect.signature(factory).parameters.values())[len(args):]
     allowed = [p.name for p in parameters
-               if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model", "client_sizes")]
+               if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model")]
     unknown = sorted(kwargs.keys() - set(allowed))
     missing = [p.name for p in parameters if p.default is p.empty
                and p.name not in kwargs and p.name not in extras]
@@ -125,16 +125,15 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
     return algorithm
 
 
-def build_algorithm(config: ExperimentConfig, model: Model,
-                    client_sizes: np.ndarray) -> algorithms.Algorithm:
+def build_algorithm(config: ExperimentConfig, model: Model) -> algorithms.Algorithm:
     """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` if set, with
     the config's wrappers."""
     algorithm = make_algorithm(config.algorithm,
                                json_object("algorithm_args", config.algorithm_args),
-                               config, model, client_sizes)
+                               config, model)
     if config.switch_to is not None:
         then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
-                              config, model, client_sizes)
+                              config, model)
         algorithm = algorithms.switch(algorithm, then, config.switch_at)
     return wrap(algorithm, json_object("wrappers", config.wrappers), model)
 
@@ -166,7 +165,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                        conv_impl=config.conv_impl)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model)
-    algorithm = algorithm or build_algorithm(config, model, np.asarray(data.count))
+    algorithm = algorithm or build_algorithm(config, model)
     full_batch = config.algorithm in FULL_BATCH
     round_fn = make_round(
         algorithm, model, data, clients_per_round=config.clients_per_round,
