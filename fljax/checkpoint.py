@@ -9,6 +9,7 @@ synchronous: the round after a save donates the state's buffers, so they must be
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any
 
@@ -63,16 +64,35 @@ class Checkpoints:
         """
         check_same_experiment(self.saved_config(round_index), config, self.directory, defaults)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
-        try:
-            restored = self._manager.restore(round_index, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract)))
-        except Exception as e:
-            raise FljaxError(f"checkpoint {round_index} in {self.directory!r} does not fit this "
-                             f"experiment's state: {_first_line(e)}") from None
-        return restored.state
+        error = None
+        for older in (abstract, *_without_new_empty_fields(abstract)):
+            try:
+                restored = self._manager.restore(round_index, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(older)))
+            except Exception as e:
+                error = error or e
+                continue
+            return type(like)(*restored.state, *like[len(older):]) if older is not abstract \
+                else restored.state
+        raise FljaxError(f"checkpoint {round_index} in {self.directory!r} does not fit this "
+                         f"experiment's state: {_first_line(error)}") from None
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _without_new_empty_fields(like: Any) -> list[Any]:
+    """``like`` (a NamedTuple) cut before each run of trailing fields that hold no arrays (e.g.
+    ``RoundState.probes`` of a run without probes): how a checkpoint written before those fields
+    existed is laid out. Longest first; [] for anything else."""
+    if not (isinstance(like, tuple) and hasattr(like, "_fields")):
+        return []
+    cuts = []
+    for k in range(len(like) - 1, 0, -1):
+        if jax.tree.leaves(like[k]):
+            break
+        cuts.append(collections.namedtuple(type(like).__name__, like._fields[:k])(*like[:k]))
+    return cuts
 
 
 def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where: str,

@@ -86,7 +86,8 @@ class Algorithm(NamedTuple):
     over all clients and gives a sampled client its own row as ``ctx.client_state``). Optional:
     ``cohort_start`` (a first exchange, FedGA), ``eval_models`` (what evaluation scores),
     ``exchanges`` and ``payload`` (communication accounting), ``client_vectors`` (per-client
-    vectors for probes). ``ClientContext`` lists what a client knows.
+    vectors for probes), ``observe`` (a look at the whole round after the server update).
+    ``ClientContext`` lists what a client knows.
 
     FedAvg with the server's update clipped to norm 1::
 
@@ -123,6 +124,9 @@ class Algorithm(NamedTuple):
     client_vectors: Callable[[ClientContext], dict[str, Params]] = lambda ctx: {}
     # named per-client vectors derived from ctx.client_state, for probes (FedDyn: the local drift
     #   -alpha_k h_k; SCAFFOLD: the control variate c_i)
+    observe: Callable[[Any], tuple[Any, dict[str, jax.Array]]] | None = None
+    # observe(view) -> (server state, metrics), after the server update: sees the whole round
+    #   and population (a fljax.probes.RoundView); the adaptive switch decides here
 
 
 class LocalSGD(NamedTuple):
