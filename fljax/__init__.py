@@ -25,6 +25,7 @@ from fljax.evaluate import make_evaluator
 from fljax.experiment import Experiment, build
 from fljax.models import Model, from_module, make_model
 from fljax.train import results_table, run
+from fljax import probes
 
 __version__ = "0.1.0"
 

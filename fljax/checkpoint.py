@@ -20,7 +20,8 @@ from fljax.errors import FljaxError
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
-                               "keep_checkpoints", "client_chunk", "num_devices"})
+                               "keep_checkpoints", "client_chunk", "num_devices",
+                               "target_accuracy"})
 
 
 class Checkpoints:

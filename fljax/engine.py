@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fljax.accounting import hlo_flops
 from fljax.algorithms.base import Algorithm, Params
 from fljax.clients import (LocalWork, client_context, full_gradient, joined_only, local_training,
                            map_sum, model_loss)
@@ -28,7 +29,7 @@ from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model
-from fljax.probes.base import ClientView, Population, Probe, RoundView
+from fljax.probes.base import ClientView, EvalView, Population, Probe, RoundView
 
 __all__ = ["AGGREGATIONS", "PARTICIPATIONS", "RoundFunction", "RoundState", "bernoulli_cohort",
            "client_keys", "cohort_weights", "init_state", "local_training", "make_round",
@@ -62,11 +63,12 @@ class RoundFunction:
     """``state, metrics = round_fn(state)``: a jitted, state-donating communication round."""
 
     def __init__(self, jitted, data: FederatedData, mesh: Mesh | None, algorithm: Algorithm,
-                 probes: tuple[Probe, ...]):
+                 model: Model, probes: tuple[Probe, ...]):
         self._jitted = jitted
         self._data = data
         self.mesh = mesh
         self.algorithm = algorithm
+        self.model = model
         self.probes = probes
 
     def __call__(self, state: RoundState) -> tuple[RoundState, dict]:
@@ -90,6 +92,24 @@ class RoundFunction:
     def lower(self, state: RoundState):
         """The round lowered for ``state`` (``.as_text()``, ``.compile()``)."""
         return self._jitted.lower(state, self._data)
+
+    def flops(self, state: RoundState) -> float:
+        """FLOPs of one round as compiled (``fljax.accounting.hlo_flops``; every client slot of a
+        Bernoulli round counted). After a first call this reuses the compiled program."""
+        return hlo_flops(self.lower(state).compile().as_text())
+
+    def probe_scores(self, state: RoundState, evaluate: Callable[[Params], dict],
+                     out_dir: str | None = None) -> dict[str, float]:
+        """The probes' evaluation-time scores of ``state`` (``Probe.evaluate``; e.g. the mean of
+        all local models, the interaction tensor at its rounds), on the host."""
+        scores = {}
+        for probe in self.probes:
+            if probe.evaluate is not None:
+                scores.update(probe.evaluate(EvalView(
+                    round=int(state.round), state=state, probe_state=state.probes[probe.name],
+                    model=self.model, algorithm=self.algorithm, data=self._data,
+                    evaluate=evaluate, out_dir=out_dir)))
+        return scores
 
     def compilations(self) -> int:
         """How many programs the round has compiled so far (1 after any number of calls)."""
@@ -174,7 +194,8 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
 
     if mesh is not None:
         data = jax.device_put(data, NamedSharding(mesh, P()))
-    return RoundFunction(jax.jit(round_fn, donate_argnums=0), data, mesh, algorithm, probes)
+    return RoundFunction(jax.jit(round_fn, donate_argnums=0), data, mesh, algorithm, model,
+                         probes)
 
 
 def rows_of(state: RoundState):

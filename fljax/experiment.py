@@ -8,20 +8,21 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
-from fljax import algorithms
+from fljax import algorithms, probes
 from fljax.config import (ALGORITHMS, FULL_BATCH, WRAPPERS, ExperimentConfig, json_object,
                           server_optimizer_factory)
 from fljax.data import loaders, partition
 from fljax.data.augment import named_augmentation
 from fljax.data.federated import FederatedData, federate
 from fljax.data.users import split_users
-from fljax.engine import RoundFunction, RoundState, init_state, make_round
+from fljax.engine import RoundFunction, RoundState, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
 from fljax.personalize import make_user_evaluator
+from fljax.probes import Probe
 
 
 class Experiment(NamedTuple):
@@ -138,6 +139,32 @@ def build_algorithm(config: ExperimentConfig, model: Model) -> algorithms.Algori
     return wrap(algorithm, json_object("wrappers", config.wrappers), model)
 
 
+def build_probes(config: ExperimentConfig, dataset: loaders.Dataset, model: Model,
+                 data: FederatedData) -> list[Probe]:
+    """The probes the config names, with their --probe-args. What a probe needs from the
+    experiment is filled in unless given: the interaction tensor's ``points`` (the first
+    ``num_points`` test images, default 1000); the switching criterion's ``optimum`` when its
+    args say ``"optimum": "centralized"`` (``centralized_optimum`` of the pooled training loss from
+    the initial model) and ``alpha`` (FedDyn's, from the algorithm args or its default)."""
+    args_of = json_object("probe_args", config.probe_args)
+    result = []
+    for name in config.probe_names():
+        args = dict(args_of.get(name, {}))
+        if name == "interaction_tensor":
+            args.setdefault("points", dataset.x_test[:args.pop("num_points", 1000)])
+        if name == "switching_criterion":
+            if args.get("optimum") == "centralized":
+                initial = model.init(jax.random.PRNGKey(config.seed))
+                args["optimum"] = probes.centralized_optimum(model, data, initial)
+            args.setdefault("alpha", json_object("algorithm_args", config.algorithm_args).get(
+                "alpha", inspect.signature(algorithms.feddyn).parameters["alpha"].default))
+        if name == "cosine_to" and isinstance(args.get("reference"), str):
+            raise FljaxError("cosine_to needs per-client reference pseudo-gradients: use the "
+                             "Python API (fljax.probes.cosine_to(last_pseudo_gradients(state)))")
+        result.append(call(name, probes.PROBES[name], [], args, {}, kind="probe"))
+    return result
+
+
 def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None) -> Experiment:
     """Load and split the data, build model, algorithm, round function and evaluator.
 
@@ -174,7 +201,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         local_epochs=None if full_batch else config.local_epochs,
         aggregation=config.aggregation, client_chunk=config.client_chunk,
         num_devices=config.num_devices, augment=named_augmentation(config.augment),
-        participation=config.participation)
+        participation=config.participation,
+        probes=build_probes(config, dataset, model, data))
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
     evaluate_users = None
     if users is not None:
@@ -186,9 +214,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             batch_size=None if config.batch_size == 0 else config.batch_size)
 
     def initial_state() -> RoundState:
-        params = model.init(jax.random.PRNGKey(config.seed))
-        state = init_state(algorithm, params, data.num_clients, config.seed)
-        return round_fn.place(state)
+        return round_fn.init_state(model.init(jax.random.PRNGKey(config.seed)), config.seed)
 
     return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
                       evaluate_users)

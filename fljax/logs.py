@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -51,12 +52,14 @@ class RunLog:
                      "clients": clients, **extras, "time_s": time_s})
         self._tb.add_scalar("train/loss", train_loss, round_index)
         for name, value in extras.items():
-            self._tb.add_scalar(f"train/{name}", value, round_index)
+            if math.isfinite(value):          # e.g. a cosine before any client has a previous
+                self._tb.add_scalar(f"train/{name}", value, round_index)
 
     def evaluation(self, round_index: int, scores: dict[str, float], time_s: float):
         self._write({"kind": "eval", "round": round_index, **scores, "time_s": time_s})
         for name, value in scores.items():
-            self._tb.add_scalar(f"test/{name}", value, round_index)
+            if math.isfinite(value):
+                self._tb.add_scalar(f"test/{name}", value, round_index)
         self.flush()
 
     def _write(self, record: dict[str, Any]) -> None:
