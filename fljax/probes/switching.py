@@ -117,7 +117,7 @@ def centralized_optimum(model: Model, data: FederatedData, params: Params, *,
         value, grad = value_and_grad(params, state=state)
         updates, state = solver.update(grad, state, params, value=value, grad=grad,
                                        value_fn=loss)
-        return optax.apply_updates(params, updates), state, optax.global_norm(grad)
+        return optax.apply_updates(params, updates), state, optax.tree.norm(grad)
 
     def running(carry):
         return (optax.tree.get(carry[1], "count") < steps) & (carry[2] >= tolerance)
