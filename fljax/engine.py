@@ -172,14 +172,14 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         cohort = draw_cohort(sample_key, data.count, clients_per_round=clients_per_round,
                              participation=participation, aggregation=aggregation, dtype=dtype,
                              num_devices=num_devices)
-        rows = jax.tree.map(lambda a: a[cohort.ids], (state.client_states, _client_parts(state)))
+        rows = jax.tree.map(lambda a: a[cohort.ids], _rows(state))       # the cohort's states
         new_rows, (message, probe_sums), metrics = run_clients(
             cohort.ids, rows, cohort.weights, cohort.joined, cohort.size, state.params,
             state.server_state, state.round, client_key, data)
         params, server_state = algorithm.server_update(state.params, state.server_state, message,
                                                        state.round)
         client_states, probe_clients = jax.tree.map(lambda a, new: a.at[cohort.ids].set(new),
-                                                    rows_of(state), new_rows)
+                                                    _rows(state), new_rows)
         new_state = RoundState(round=state.round + 1, key=state.key, params=params,
                                server_state=server_state, client_states=client_states,
                                probes=state.probes)
@@ -198,13 +198,9 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                          probes)
 
 
-def rows_of(state: RoundState):
-    """(every client's algorithm state, every client's probe states), stacked over N."""
-    return state.client_states, _client_parts(state)
-
-
-def _client_parts(state: RoundState) -> dict:
-    return {name: clients for name, (_, clients) in state.probes.items()}
+def _rows(state: RoundState):
+    """(every client's algorithm state, {probe: every client's probe state}), stacked over N."""
+    return state.client_states, {name: clients for name, (_, clients) in state.probes.items()}
 
 
 def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
