@@ -47,6 +47,10 @@ class ExperimentConfig:
     switch_to: str | None = None       # continue with this algorithm from round switch_at on
     switch_at: int = 0                 # (feddyn-as-initialization: FedDyn, then FedAvg)
     switch_args: str = "{}"            # JSON hyperparameters of switch_to
+    switch_when: str = "{}"            # JSON args of probes.switching_criterion: switch the round
+                                       #   after Proposition 1's condition holds (switch_at unused),
+                                       #   e.g. '{"zeta": 0.1, "smoothness": "estimate",
+                                       #   "optimum": "centralized"}'
     wrappers: str = "{}"               # JSON {wrapper: {args}}, wrappers of WRAPPERS, e.g.
                                        #   '{"relaxed_init": {"beta": 0.1}}' (+RI)
     server_optimizer: str = "sgd"      # any optax optimizer taking learning_rate (sgd, adam, ...)
@@ -160,8 +164,13 @@ class ExperimentConfig:
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
         for name in ("server_optimizer_args", "algorithm_args", "switch_args", "wrappers",
-                     "probe_args"):
+                     "probe_args", "switch_when"):
             json_object(name, getattr(self, name))
+        if json_object("switch_when", self.switch_when) and (self.switch_to is None
+                                                             or self.switch_at != 0):
+            raise FljaxError(f"switch_when needs switch_to (the second algorithm) and no "
+                             f"switch_at, got switch_to={self.switch_to!r}, "
+                             f"switch_at={self.switch_at}")
         from fljax.probes import PROBES
         unknown = sorted(set(self.probe_names()) - set(PROBES))
         if unknown:
