@@ -1,6 +1,8 @@
-"""Centralised image-classification datasets as numpy arrays; fljax never downloads anything.
+"""Classification datasets as numpy arrays; fljax never downloads anything.
 
 * ``digits``: scikit-learn's 8x8 digits, shipped inside scikit-learn (offline, 1797 images).
+* ``synthetic_ALPHA_BETA``, ``synthetic_iid``: FedProx's synthetic federated data, generated
+  (:mod:`fljax.data.synthetic`); it comes with its users.
 * any tensorflow-datasets name (``mnist``, ``cifar10``, ``emnist/letters`` ...): read from a
   data directory where it was prepared beforehand in the ``array_record`` format, via
   ``tfds.data_source`` (no tensorflow needed to read).
@@ -9,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -220,11 +223,34 @@ CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
                  "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761))}
 
 
+_SYNTHETIC = re.compile(r"synthetic_(?:iid|(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?))")
+
+
 def load_dataset(name: str, *, data_dir=None) -> Dataset:
-    """'digits' -> :func:`load_digits`; a path ending in .npz -> :func:`load_npz`; any other name
-    -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel, CHANNEL_STATS)."""
+    """A dataset by name; only tfds datasets need ``data_dir``.
+
+    - 'digits' -> :func:`load_digits`;
+    - 'synthetic_ALPHA_BETA' (e.g. synthetic_1_1, synthetic_0.5_0.5, synthetic_0_0) or
+      'synthetic_iid' -> :func:`fljax.data.synthetic.load_synthetic` with 30 users and seed 0;
+      every run of a name gets the same data, as the generated files of the FedProx code do (the
+      Python functions take other seeds and sizes);
+    - a path ending in .npz -> :func:`load_npz`;
+    - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel,
+      CHANNEL_STATS).
+    """
     if name == "digits":
         return load_digits()
+    if name.startswith("synthetic"):
+        from fljax.data.synthetic import load_synthetic
+
+        match = _SYNTHETIC.fullmatch(name)
+        if not match:
+            raise FljaxError(f"unknown dataset {name!r}: synthetic data is named "
+                             f"synthetic_ALPHA_BETA (e.g. synthetic_1_1, synthetic_0.5_0.5) or "
+                             f"synthetic_iid")
+        if match[1] is None:
+            return load_synthetic(iid=True)
+        return load_synthetic(float(match[1]), float(match[2]))
     if name.endswith(".npz"):
         return load_npz(name)
     if data_dir is None:
