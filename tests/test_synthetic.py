@@ -161,6 +161,8 @@ def test_natural_partition_through_the_cli(tmp_path):
     (["--dataset", "synthetic_1_1", "--partition", "natural"],
      "num_clients must be the dataset's 30 users, got 20"),
     (["--dataset", "synthetic_1_1_1"], "unknown dataset 'synthetic_1_1_1'"),
+    (["--dataset", "synthetic_1_1", "--augment", "flip_crop"],
+     "flip_crop works on images [B, H, W, C], got batches of shape (16, 60)"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message, tmp_path, capsys):
     assert main(argv + ["--rounds", "1", "--quiet", "--out-dir", str(tmp_path / "r")]) == 2
