@@ -20,8 +20,8 @@ Choices where the paper is vague, after its generation code (FedProx repository,
 * Synthetic-IID's common input mean is v = 0, as in the code (the paper: "the same distribution").
 * User sizes follow a power law: n_k = floor(L_k) + 50 with L_k ~ lognormal(4, 2) (the code),
   capped at ``max_size`` (default 1000; ~8% of the users reach it) so that one heavy-tailed
-  draw cannot make a dataset too large for a CPU: uncapped, the largest of 30 users is often
-  over 10,000 examples.
+  draw cannot make a dataset too large for a CPU: uncapped, the largest of 30 users has about
+  3,000 examples in the median and over 10,000 in one dataset out of eight.
 * Each user's examples are split into train and test, ``round(test_fraction * n_k)`` test
   examples (the paper's 80/20 split; its code keeps 10%). A user's examples are i.i.d., so the
   first ones are its training examples.
