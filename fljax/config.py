@@ -14,7 +14,7 @@ from fljax.engine import PARTICIPATIONS
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 
-PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
               "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr",
               "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile")
