@@ -83,6 +83,8 @@ class ExperimentConfig:
     probe_args: str = "{}"             # JSON {probe: {args}}, e.g. '{"interaction_tensor":
                                        #   {"rounds": [50, 100]}}'
     target_accuracy: float | None = None  # results table: rounds, bytes, FLOPs and seconds to it
+    validation_fraction: float = 0.0   # share of the training examples held out of the clients:
+                                       #   evaluations log val_accuracy / val_loss (for tuning)
     # runner
     eval_every: int = 20
     seed: int = 0
@@ -179,6 +181,9 @@ class ExperimentConfig:
         if unused:
             raise FljaxError(f"probe_args names {unused}, which are not in probes "
                              f"{self.probe_names()}")
+        if not 0 <= self.validation_fraction < 1:
+            raise FljaxError(f"validation_fraction must be in [0, 1), got "
+                             f"{self.validation_fraction}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise FljaxError(f"target_accuracy must be in (0, 1] or unset, got "
                              f"{self.target_accuracy}")

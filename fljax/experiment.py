@@ -35,6 +35,7 @@ class Experiment(NamedTuple):
     evaluate: Callable
     initial_state: Callable[[], RoundState]
     evaluate_users: Callable | None = None   # personalized evaluation (fljax.personalize)
+    evaluate_validation: Callable | None = None   # the held-out validation split (tuning)
 
 
 def split_clients(config: ExperimentConfig, labels: np.ndarray,
@@ -199,6 +200,9 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     """
     config.validate()
     dataset = loaders.load_dataset(config.dataset, data_dir=config.data_dir)
+    validation = None
+    if config.validation_fraction > 0:
+        dataset, *validation = loaders.hold_out(dataset, config.validation_fraction, config.seed)
     if config.num_clients > len(dataset.y_train):
         raise FljaxError(f"num_clients ({config.num_clients}) must be <= the number of training "
                          f"examples ({len(dataset.y_train)})")
@@ -230,6 +234,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         participation=config.participation,
         probes=build_probes(config, dataset, model, data))
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
+    evaluate_validation = None if validation is None else make_evaluator(model, *validation)
     evaluate_users = None
     if users is not None:
         finetune = algorithms.local_sgd(config.finetune_lr, momentum=config.momentum,
@@ -243,4 +248,4 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         return round_fn.init_state(model.init(jax.random.PRNGKey(config.seed)), config.seed)
 
     return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
-                      evaluate_users)
+                      evaluate_users, evaluate_validation)

@@ -16,7 +16,21 @@ A sweep file::
                                                      metrics such as FedInit's "divergence" or a
                                                      probe's; default the test accuracy)
      "scales": {"cpu": {"base": {values}, "row or column name": {values},
-                        "target_accuracy": 0.9}, "full": {...}}}
+                        "target_accuracy": 0.9}, "full": {...}},
+     "selection": "val_accuracy",                    optional: the evaluation key a grid is
+                                                     selected on (maximized; default
+                                                     val_accuracy: the validation split)
+     "compare": [["FedGA", "FedAvg"], ...]}          optional: paired differences to report
+
+The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
+``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
+(``"algorithm_args.mu"``, ``"wrappers.relaxed_init.beta"``). Each cell runs every point of its
+grid for every seed; its table entry is the point with the best mean over seeds of the final
+``selection`` score, which must come from data held out of the test set (``validation_fraction``
+> 0 gives ``val_accuracy``: a share of the training examples kept out of the clients), and the
+entry reports the TEST scores of that point's runs. ``compare`` pairs two columns: the mean and
+std over seeds of their difference in final test accuracy at the selected points (the same seed
+on both sides: the same split, initialization and sampling) and the p-value of a paired t-test.
 
 Run (row, column, seed) has the config ``base + scale.base + row + scale[row] + column +
 scale[column] + {seed, out_dir}``: a scale overrides the shared values and any row's or column's
@@ -29,18 +43,23 @@ rounds, megabytes sent, GFLOPs and seconds to the target accuracy.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import statistics
 from typing import Any, Callable, NamedTuple
 
+import scipy.stats
+
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
 from fljax.train import to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
-              "metrics"}
+              "metrics", "selection", "compare"}
+JSON_FIELDS = ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args",
+               "probe_args", "switch_when")
 
 
 class Cell(NamedTuple):
@@ -48,6 +67,7 @@ class Cell(NamedTuple):
     column: str
     seed: int
     config: ExperimentConfig
+    setting: tuple = ()          # ((grid key, value), ...): the grid point this run trains
 
 
 def load_sweep(path: str) -> dict[str, Any]:
@@ -80,7 +100,44 @@ def load_sweep(path: str) -> dict[str, Any]:
     seeds = sweep.get("seeds", [0])
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
         raise FljaxError(f"sweep 'seeds' must be a non-empty list of integers, got {seeds!r}")
+    pairs = sweep.get("compare", [])
+    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2
+                                            and set(p) <= set(sweep["columns"]) for p in pairs)):
+        raise FljaxError(f"sweep 'compare' must be a list of [column, column] pairs of "
+                         f"{sorted(sweep['columns'])}, got {pairs!r}")
     return sweep
+
+
+def grid_points(grid: dict[str, list]) -> list[tuple]:
+    """Every point of ``grid`` ({key: [values]}) as ((key, value), ...), keys in order."""
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise FljaxError(f"a sweep 'grid' must be an object of key -> non-empty list of values, "
+                         f"got {grid!r}")
+    return [tuple(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def with_setting(values: dict[str, Any], setting: tuple) -> dict[str, Any]:
+    """``values`` with each (key, value) of ``setting`` set; 'field.a.b' sets a JSON field."""
+    values = dict(values)
+    for key, value in setting:
+        field, *path = key.split(".")
+        if not path:
+            values[field] = value
+            continue
+        if field not in JSON_FIELDS:
+            raise FljaxError(f"grid key {key!r}: only {list(JSON_FIELDS)} take a dotted path")
+        current = values.get(field, {})
+        tree = json.loads(current) if isinstance(current, str) else json.loads(json.dumps(current))
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+        values[field] = tree
+    return values
+
+
+def setting_slug(setting: tuple) -> str:
+    return slug("_".join(f"{key.split('.')[-1]}={value}" for key, value in setting))
 
 
 def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
@@ -98,18 +155,21 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     result = []
     for row, row_values in sweep["rows"].items():
         for column, column_values in sweep["columns"].items():
-            for seed in seeds or sweep.get("seeds", [0]):
-                values = {**sweep.get("base", {}), **overrides.get("base", {}), **row_values,
-                          **overrides.get(row, {}), **column_values, **overrides.get(column, {}),
-                          "seed": seed,
-                          "out_dir": os.path.join(out_dir, scale or "base", slug(row),
-                                                  slug(column), f"seed_{seed}"),
-                          **changes}
-                try:
-                    config = ExperimentConfig().replace(**values).validate()
-                except FljaxError as e:
-                    raise FljaxError(f"sweep run {row!r} / {column!r}: {e}") from None
-                result.append(Cell(row, column, seed, config))
+            merged = {**sweep.get("base", {}), **overrides.get("base", {}), **row_values,
+                      **overrides.get(row, {}), **column_values, **overrides.get(column, {})}
+            grid = merged.pop("grid", {})
+            for setting in grid_points(grid) if grid else [()]:
+                for seed in seeds or sweep.get("seeds", [0]):
+                    run_dir = os.path.join(out_dir, scale or "base", slug(row), slug(column),
+                                           *([setting_slug(setting)] if setting else []),
+                                           f"seed_{seed}")
+                    values = {**with_setting(merged, setting), "seed": seed, "out_dir": run_dir,
+                              **changes}
+                    try:
+                        config = ExperimentConfig().replace(**values).validate()
+                    except FljaxError as e:
+                        raise FljaxError(f"sweep run {row!r} / {column!r}: {e}") from None
+                    result.append(Cell(row, column, seed, config, setting))
     return result
 
 
@@ -155,21 +215,50 @@ def run_sweep(sweep: dict[str, Any], cell_list: list[Cell],
     return results
 
 
+def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
+             column: str) -> tuple[tuple, list[list]]:
+    """(the grid point of the cell with the best mean final ``selection`` score over seeds, the
+    evaluations of that point's runs, by seed order). Without a grid: ((), every run)."""
+    runs: dict[tuple, list] = {}
+    for cell, evals in results.items():
+        if cell.row == row and cell.column == column and evals:
+            runs.setdefault(cell.setting, []).append((cell.seed, evals))
+    if not runs:
+        return (), []
+    key = sweep.get("selection", "val_accuracy")
+    if len(runs) > 1:
+        missing = [s for s, r in runs.items() if any(key not in e[-1] for _, e in r)]
+        if missing:
+            raise FljaxError(f"sweep cell {row!r} / {column!r} has a grid but its runs have no "
+                             f"{key!r} to select on: set validation_fraction > 0 (a split held "
+                             f"out of the training data; never select on the test set)")
+    best = max(runs, key=lambda s: statistics.mean(e[-1].get(key, 0.0) for _, e in runs[s]))
+    return best, [evals for _, evals in sorted(runs[best], key=lambda r: r[0])]
+
+
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
     """Markdown: final test accuracy (%) of each cell (a line per row and metric, if the sweep
-    names ``metrics``) as mean +- std over seeds, the best of a line in bold; if the sweep sets a
-    target accuracy, a line of rounds to reach it (mean over seeds; x where some seed never
-    reached it)."""
+    names ``metrics``) as mean +- std over seeds, the best of a line in bold; for a grid, the
+    point selected on the validation split (a line per row) and its test scores; if the sweep sets
+    a target accuracy, lines of rounds, MB, GFLOPs and seconds to reach it (mean over seeds; x
+    where some seed never reached it); and the paired differences the sweep's ``compare`` asks
+    for."""
     columns = list(sweep["columns"])
     target = sweep.get("scales", {}).get(scale, {}).get("target_accuracy",
                                                         sweep.get("target_accuracy"))
     lines = ["| setting | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    chosen = {(row, column): selected(sweep, results, row, column)
+              for row in sweep["rows"] for column in columns}
     for row in sweep["rows"]:
-        runs = [[evals for cell, evals in results.items()
-                 if cell.row == row and cell.column == column and evals] for column in columns]
+        runs = [chosen[row, column][1] for column in columns]
+        if any(chosen[row, column][0] for column in columns):
+            lines.append(f"| {row}: selected on {sweep.get('selection', 'val_accuracy')} | "
+                         + " | ".join(", ".join(f"{k.split('.')[-1]}={v}"
+                                                for k, v in chosen[row, column][0]) or "-"
+                                      for column in columns) + " |")
         for label, key in sweep.get("metrics", {"": "accuracy"}).items():
-            scale = 100 if "acc" in key else 1       # accuracies in %
-            finals = [[scale * evals[-1][key] for evals in r] for r in runs]
+            scale_of = 100 if "acc" in key else 1       # accuracies in %
+            finals = [[scale_of * evals[-1][key] for evals in r] for r in runs]
             cells_text = [mean_std(f) for f in finals]
             if "acc" in key:
                 best = max(range(len(columns)),
@@ -179,12 +268,32 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
             lines.append(f"| {name} | " + " | ".join(cells_text) + " |")
         if target is not None:
             reach = [[to_target(evals, target) for evals in r] for r in runs]
-            for label, key, scale in TARGET_COSTS:
+            for label, key, factor in TARGET_COSTS:
                 lines.append(f"| {row}: {label} to {100 * target:g}% | " + " | ".join(
                     "x" if not hit or None in hit else
-                    f"{statistics.mean(scale * h[key] for h in hit):.3g}"
+                    f"{statistics.mean(factor * h[key] for h in hit):.3g}"
                     for hit in reach) + " |")
+    pairs = sweep.get("compare", [])
+    if pairs:
+        lines += ["", "| paired difference of test accuracy (points) | "
+                  + " | ".join(sweep["rows"]) + " |", "|---|" + "---|" * len(sweep["rows"])]
+        for a, b in pairs:
+            lines.append(f"| {a} - {b} | " + " | ".join(
+                paired_difference([100 * e[-1]["accuracy"] for e in chosen[row, a][1]],
+                                  [100 * e[-1]["accuracy"] for e in chosen[row, b][1]])
+                for row in sweep["rows"]) + " |")
     return "\n".join(lines)
+
+
+def paired_difference(a: list[float], b: list[float]) -> str:
+    """mean +- std over seeds of a - b, and the two-sided p-value of a paired t-test."""
+    if len(a) != len(b) or not a:
+        return "-"
+    diff = [x - y for x, y in zip(a, b)]
+    if len(diff) < 2:
+        return f"{diff[0]:+.2f} (1 seed)"
+    p = scipy.stats.ttest_rel(a, b).pvalue if statistics.stdev(diff) > 0 else float("nan")
+    return f"{statistics.mean(diff):+.2f} ± {statistics.stdev(diff):.2f} (p = {p:.2g}, n = {len(diff)})"
 
 
 def mean_std(values: list[float]) -> str:

@@ -175,13 +175,17 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
 
 def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
     """Scores of the algorithm's evaluation models: 'accuracy', 'loss' for the first (the global
-    model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h); with
-    personalized evaluation on, the global model's per-user scores ('existing_test_acc', ...)."""
+    model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h); with a
+    validation split, the global model's 'val_accuracy', 'val_loss'; with personalized evaluation
+    on, its per-user scores ('existing_test_acc', ...); the probes' evaluation scores."""
     models = experiment.algorithm.eval_models(state.params, state.server_state)
     scores = {}
     for i, (name, params) in enumerate(models.items()):
         prefix = "" if i == 0 else f"{name}/"
         scores.update({prefix + k: float(v) for k, v in experiment.evaluate(params).items()})
+    if experiment.evaluate_validation is not None:
+        scores.update({f"val_{k}": float(v) for k, v in
+                       experiment.evaluate_validation(next(iter(models.values()))).items()})
     if experiment.evaluate_users is not None:
         key = finetune_key(state.key, int(state.round))
         scores.update(experiment.evaluate_users(next(iter(models.values())), key))

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+import fljax
 from fljax import sweep
 from fljax.cli import main
 from fljax.errors import FljaxError
@@ -131,3 +132,60 @@ def test_experiment_sweep_runs_at_cpu_scale(path, tmp_path, capsys):
     assert main(argv) == 0                      # finished runs resume and are not trained again
     assert {p: open(p).read() for p in logs} == before
     capsys.readouterr()
+
+
+GRID_SPEC = {"title": "t", "base": {"rounds": 2, "validation_fraction": 0.2},
+             "rows": {"Dir": {"partition": "dirichlet"}},
+             "columns": {"A": {"algorithm": "fedavg", "grid": {"lr": [0.1, 0.2]}},
+                         "P": {"algorithm": "fedprox",
+                               "grid": {"lr": [0.1], "algorithm_args.mu": [0.01, 0.1]}}},
+             "seeds": [0, 1, 2], "compare": [["P", "A"]]}
+
+
+def test_grids_expand_into_runs_with_their_settings(tmp_path):
+    cells = sweep.cells(GRID_SPEC, None, str(tmp_path))
+    assert len(cells) == (2 + 2) * 3
+    prox = [c for c in cells if c.column == "P" and c.seed == 1]
+    assert [json.loads(c.config.algorithm_args) for c in prox] == [{"mu": 0.01}, {"mu": 0.1}]
+    assert prox[1].setting == (("lr", 0.1), ("algorithm_args.mu", 0.1))
+    assert prox[1].config.out_dir == os.path.join(str(tmp_path), "base", "Dir", "P",
+                                                  "lr_0.1_mu_0.1", "seed_1")
+    with pytest.raises(FljaxError, match="take a dotted path"):
+        sweep.cells({**GRID_SPEC, "columns": {"A": {"grid": {"lr.x": [1]}}}}, None, str(tmp_path))
+
+
+def test_selection_uses_the_validation_split_and_reports_test_and_paired_stats(tmp_path):
+    """lr 0.2 wins on validation while lr 0.1 wins on test: the table shows lr 0.2's TEST
+    accuracy; the paired difference and its t-test match scipy's."""
+    import scipy.stats
+
+    results = {}
+    test_acc = {(("lr", 0.1),): [0.9, 0.92, 0.91], (("lr", 0.2),): [0.7, 0.74, 0.72]}
+    for c in sweep.cells(GRID_SPEC, None, str(tmp_path)):
+        if c.column == "A":
+            val = 0.8 if c.setting == (("lr", 0.2),) else 0.6
+            acc = test_acc[c.setting][c.seed]
+        else:
+            val = 0.9 if dict(c.setting)["algorithm_args.mu"] == 0.01 else 0.5
+            acc = [0.75, 0.79, 0.74][c.seed] if val == 0.9 else 0.1
+        results[c] = [{"round": 2, "accuracy": acc, "val_accuracy": val, "time_s": 1.0}]
+    lines = sweep.table(GRID_SPEC, results).splitlines()
+    assert lines[2] == "| Dir: selected on val_accuracy | lr=0.2 | lr=0.1, mu=0.01 |"
+    assert lines[3] == "| Dir | 72.00 ± 2.00 | **76.00 ± 2.65** |"
+    p = scipy.stats.ttest_rel([75, 79, 74], [70, 74, 72]).pvalue
+    assert lines[-1] == f"| P - A | +4.00 ± 1.73 (p = {p:.2g}, n = 3) |"
+    no_validation = {c: [{k: v for k, v in e[0].items() if k != "val_accuracy"}]
+                     for c, e in results.items()}
+    with pytest.raises(FljaxError, match="never select on the test set"):
+        sweep.table(GRID_SPEC, no_validation)
+
+
+def test_a_validation_split_is_held_out_of_the_clients_and_scored(tmp_path):
+    config = GRID_SPEC["base"] | {"num_clients": 10, "clients_per_round": 5, "eval_every": 2,
+                                  "out_dir": str(tmp_path)}
+    config = fljax.ExperimentConfig().replace(**config)
+    experiment = build(config)
+    full = fljax.load_dataset("digits")
+    assert int(experiment.data.count.sum()) == len(full.y_train) - round(0.2 * len(full.y_train))
+    evaluations = run(config, progress=False)
+    assert 0 <= evaluations[-1]["val_accuracy"] <= 1 and "val_loss" in evaluations[-1]

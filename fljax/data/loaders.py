@@ -273,6 +273,24 @@ _SYNTHETIC = re.compile(r"synthetic_(?:iid|(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?))")
 _MNIST1D = re.compile(r"mnist1d(?:_(\d+))?")
 
 
+def hold_out(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, np.ndarray, np.ndarray]:
+    """(``ds`` without a random ``fraction`` of its training examples, their x, their y): a
+    validation split for tuning, drawn by ``seed``, stratified by nothing (a uniform sample, so
+    every user of a natural dataset keeps about 1 - fraction of its examples)."""
+    if not 0 < fraction < 1:
+        raise FljaxError(f"validation_fraction must be in (0, 1) to hold out a split, got "
+                         f"{fraction}")
+    order = np.random.default_rng(seed).permutation(len(ds.y_train))
+    held = np.sort(order[:int(round(fraction * len(order)))])
+    kept = np.sort(order[len(held):])
+    if len(held) == 0 or len(kept) == 0:
+        raise FljaxError(f"validation_fraction {fraction} of {len(order)} training examples "
+                         f"leaves an empty split")
+    users = None if ds.user_train is None else ds.user_train[kept]
+    return (ds._replace(x_train=ds.x_train[kept], y_train=ds.y_train[kept], user_train=users),
+            ds.x_train[held], ds.y_train[held])
+
+
 def load_dataset(name: str, *, data_dir=None) -> Dataset:
     """A dataset by name; only tfds datasets need ``data_dir``.
 
