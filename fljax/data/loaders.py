@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import random
@@ -81,6 +82,13 @@ def load_mnist1d(num_train: int = MNIST1D_TRAIN, *, seed: int = 42) -> Dataset:
             num_train < 8 or num_train % 8):
         raise FljaxError(f"mnist1d needs a number of training examples that is a positive "
                          f"multiple of 8, got {num_train!r}")
+    return _generated_mnist1d(int(num_train), seed)
+
+
+@functools.lru_cache(maxsize=4)
+def _generated_mnist1d(num_train: int, seed: int) -> Dataset:
+    """load_mnist1d's dataset, generated once per process (sweeps build many runs of it); its
+    arrays are read-only, so no caller can change another's copy."""
     try:
         from mnist1d.data import get_dataset_args, make_dataset
     except ImportError:
@@ -97,6 +105,8 @@ def load_mnist1d(num_train: int = MNIST1D_TRAIN, *, seed: int = 42) -> Dataset:
         random.setstate(python_state)
     x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)[..., None]
     y = np.concatenate([data["y"], data["y_test"]]).astype(np.int32)
+    for array in (x, y):
+        array.flags.writeable = False
     name = "mnist1d" if num_train == MNIST1D_TRAIN else f"mnist1d_{num_train}"
     return Dataset(name, x[:num_train], y[:num_train], x[num_train:], y[num_train:], 10)
 
