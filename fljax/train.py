@@ -149,12 +149,14 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                     log.evaluation(t + 1, scores, time.perf_counter() - start)
                     postfix["acc"] = f"{scores['accuracy']:.3f}"
                 if save:
+                    log.commit()   # a checkpoint never covers a record that is not on disk
                     checkpoints.save(t + 1, state, config.to_dict())
             if pending is not None:
                 check_and_log(*pending)
             if interrupt["stop"]:
                 finished = int(state.round)
                 if checkpoints.latest_round() != finished:
+                    log.commit()
                     checkpoints.save(finished, state, config.to_dict())
                 raise RunInterrupted(finished, checkpoints.directory)
     finally:

@@ -1,5 +1,6 @@
 """Nothing lost: resume equals an uninterrupted run; kills, Ctrl-C and divergence keep checkpoints."""
 
+import glob
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from fljax.config import ExperimentConfig
 from fljax.experiment import build
 from fljax.logs import read_log
 from fljax.train import run
+from tests.test_logs import scalars
 
 BASE = dict(rounds=8, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,
             local_epochs=1)
@@ -53,6 +55,7 @@ def final_state(out_dir, like_config):
 
 
 def records(out_dir):
+    """The run's log records without their wall-clock field (time_s): what must be identical."""
     return [{k: v for k, v in r.items() if k != "time_s"}
             for r in read_log(os.path.join(out_dir, "metrics.jsonl"))]
 
@@ -154,14 +157,22 @@ def test_diverging_learning_rate_exits_2_naming_round_and_algorithm(tmp_path):
 
 
 # --- killed and interrupted subprocesses ------------------------------------------------------
+# The checkpoint interval (2) does not divide the evaluation interval (5): a kill often falls after
+# a checkpoint and before the next evaluation.
 
 CLI = [sys.executable, "-m", "fljax", "--quiet", "--rounds", "16", "--checkpoint-every", "2",
-       "--eval-every", "4", "--keep-checkpoints", "2"]
+       "--eval-every", "5", "--keep-checkpoints", "2"]
 
 
 def cli_config(out_dir):
-    return ExperimentConfig().replace(rounds=16, checkpoint_every=2, eval_every=4,
+    return ExperimentConfig().replace(rounds=16, checkpoint_every=2, eval_every=5,
                                       keep_checkpoints=2, out_dir=out_dir)
+
+
+def tensorboard_steps(out_dir):
+    """The rounds with a train/loss event in any of the run's TensorBoard event files."""
+    return {step for path in glob.glob(os.path.join(out_dir, "tb", "events.out.tfevents.*"))
+            for step in scalars(path).get("train/loss", [])}
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +208,18 @@ def trained_past_first_checkpoint(names):
     return any(n.isdigit() and int(n) >= 4 for n in names)
 
 
-@pytest.mark.parametrize("moment", [saving, trained_past_first_checkpoint])
+def between_save_and_prune(names):
+    """A new checkpoint is complete and the oldest of keep + 1 is not yet deleted."""
+    return sum(n.isdigit() for n in names) > 2
+
+
+@pytest.mark.parametrize("moment", [saving, trained_past_first_checkpoint,
+                                    between_save_and_prune])
 def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_path,
                                                                   reference_run):
+    """After a kill, the log and TensorBoard hold every round the latest checkpoint covers; the
+    resumed run's checkpoint and log equal an uninterrupted run's (log records compared without
+    their wall-clock time_s), and at most keep + 1 checkpoints remain."""
     out_dir = str(tmp_path / "r")
     fired, code, _ = run_until(out_dir, moment, signal.SIGKILL)
     assert fired and code == -signal.SIGKILL
@@ -209,10 +229,14 @@ def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_pa
     config = cli_config(out_dir)
     ckpts.restore(latest, build(config).initial_state(), config.to_dict())
     ckpts.close()
+    logged = [r["round"] for r in records(out_dir) if r["kind"] == "round"]
+    assert logged[:latest] == list(range(1, latest + 1))
+    assert set(range(1, latest + 1)) <= tensorboard_steps(out_dir)
     subprocess.run(CLI + ["--out-dir", out_dir], check=True, capture_output=True, timeout=300)
     assert_same(final_state(reference_run, cli_config(reference_run)),
                 final_state(out_dir, config))
     assert records(out_dir) == records(reference_run)
+    assert sum(n.isdigit() for n in os.listdir(os.path.join(out_dir, "checkpoints"))) <= 3
 
 
 def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
