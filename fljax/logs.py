@@ -16,18 +16,30 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 
+from fljax.errors import FljaxError
+
 
 def read_log(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file; a torn last line (a killed run) is skipped."""
-    records = []
+    """The records of a metrics.jsonl file ([] if there is none).
+
+    A last line without its newline is a write cut short by a kill and is skipped; any other line
+    that is not a UTF-8 JSON object raises FljaxError naming the file and the line.
+    """
     if not os.path.exists(path):
-        return records
-    with open(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+        return []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    records = []
+    for number, line in enumerate(lines[:-1], start=1):   # lines[-1]: after the last newline
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except ValueError as e:   # JSONDecodeError, UnicodeDecodeError
+            record = e
+        if not isinstance(record, dict):
+            reason = f": {record}" if isinstance(record, ValueError) else ""
+            raise FljaxError(f"line {number} of {path!r} is damaged (not a JSON record"
+                             f"{reason}); repair that line, or start over with --fresh")
+        records.append(record)
     return records
 
 
@@ -41,8 +53,8 @@ class RunLog:
 
     def __init__(self, out_dir: str, resume_round: int | None):
         self.path = os.path.join(out_dir, "metrics.jsonl")
-        kept = [r for r in read_log(self.path) if resume_round is not None
-                and r.get("round", 0) <= resume_round]
+        kept = [] if resume_round is None else [
+            r for r in read_log(self.path) if r.get("round", 0) <= resume_round]
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)

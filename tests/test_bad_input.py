@@ -4,15 +4,22 @@ Every case runs the CLI against a copy of a finished run directory (checkpoints,
 checks that the directory's files are byte-identical afterwards.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
 
+from fljax.checkpoint import Checkpoints
 from fljax.cli import main
+from fljax.config import ExperimentConfig
+from tests.test_resume import assert_same, final_state, records
 
 RUN = ["--rounds", "2", "--checkpoint-every", "1", "--eval-every", "1", "--quiet"]
 
@@ -44,11 +51,33 @@ def npz(tmp, **changes):
     return path
 
 
-def corrupt_checkpoint(run_dir, tmp):
-    for root, _, files in os.walk(os.path.join(run_dir, "checkpoints", "2", "state")):
-        for name in files:
-            with open(os.path.join(root, name), "wb") as f:
+def state_files(run_dir, round_index):
+    """The files holding a checkpoint's state."""
+    return [os.path.join(root, name) for root, _, files in
+            os.walk(os.path.join(run_dir, "checkpoints", str(round_index), "state"))
+            for name in files]
+
+
+def corrupt_checkpoints(run_dir, tmp):
+    for round_index in (1, 2):
+        for path in state_files(run_dir, round_index):
+            with open(path, "wb") as f:
                 f.write(b"\x00garbage")
+
+
+def checkpoints_a_file(run_dir, tmp):
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"))
+    with open(os.path.join(run_dir, "checkpoints"), "w") as f:
+        f.write("not a directory")
+
+
+def damage_log(run_dir, tmp):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path, "rb") as f:
+        lines = f.readlines()
+    lines[1] = lines[1][:20] + b"\xff\xfe" + lines[1][20:]   # not UTF-8
+    with open(path, "wb") as f:
+        f.writelines(lines)
 
 
 def foreign_checkpoint(run_dir, tmp):
@@ -65,7 +94,7 @@ def bad_config_file(tmp, text):
     return path
 
 
-# (id, argv builder taking a tmp dir, expected message part, optional run-dir mutation)
+# (id, argv builder taking a tmp dir, expected message part(s), optional run-dir mutation)
 CASES = [
     ("negative lr", lambda t: ["--lr", "-0.1"], "lr must be > 0, got -0.1"),
     ("zero server lr", lambda t: ["--server-lr", "0"], "server_lr must be > 0"),
@@ -163,8 +192,14 @@ CASES = [
     ("other experiment's checkpoint", lambda t: ["--lr", "0.2"], "different experiment: lr"),
 ]
 MUTATING = [
-    ("corrupt checkpoint", lambda t: [], "checkpoint 2", corrupt_checkpoint),
-    ("foreign checkpoint dir", lambda t: [], "checkpoint", foreign_checkpoint),
+    ("every checkpoint corrupt", lambda t: [], ("checkpoint 2 in", "is damaged"),
+     corrupt_checkpoints),
+    ("foreign checkpoint dir", lambda t: [], ("checkpoint 7 in", "is damaged"),
+     foreign_checkpoint),
+    ("checkpoints a plain file", lambda t: [], "checkpoints' is not a directory",
+     checkpoints_a_file),
+    ("non-UTF-8 bytes in the log", lambda t: [], ("line 2 of", "metrics.jsonl' is damaged"),
+     damage_log),
 ]
 
 
@@ -180,7 +215,90 @@ def test_bad_input_exits_2_with_one_line_and_loses_nothing(case, finished_run, t
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("fljax: error: ") and message in err, err
+    assert err.startswith("fljax: error: "), err
+    assert all(part in err for part in ((message,) if isinstance(message, str) else message)), err
+    assert snapshot(run_dir) == before
+
+
+def truncate_state_files(run_dir, round_index):
+    for path in state_files(run_dir, round_index):
+        os.truncate(path, os.path.getsize(path) // 2)
+
+
+def test_damaged_checkpoints_give_one_line_even_from_orbax_background_reads(finished_run,
+                                                                            tmp_path):
+    """Truncated array files: orbax abandons reads still in flight; their reports, which come
+    from background threads after the error, must not reach stderr."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    for round_index in (1, 2):
+        truncate_state_files(run_dir, round_index)
+    out = subprocess.run([sys.executable, "-m", "fljax", *RUN, "--out-dir", run_dir],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
+    assert "checkpoint 2 in" in out.stderr and "is damaged" in out.stderr
+
+
+@pytest.mark.parametrize("damage, damaged_round", [
+    (lambda run_dir: os.makedirs(os.path.join(run_dir, "checkpoints", "99")), 99),
+    (lambda run_dir: truncate_state_files(run_dir, 2), 2),
+], ids=["empty newest checkpoint", "truncated array files"])
+def test_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(
+        damage, damaged_round, finished_run, tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    damage(run_dir)
+    assert main(RUN + ["--out-dir", run_dir]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fljax: warning: checkpoint {damaged_round} in")
+    assert "is damaged" in err[0] and "resuming from checkpoint" in err[0]
+    assert os.listdir(os.path.join(run_dir, "damaged_checkpoints")) == [str(damaged_round)]
+    assert Checkpoints(run_dir).latest_round() == 2
+    config = ExperimentConfig().replace(rounds=2, checkpoint_every=1, eval_every=1)
+    assert_same(final_state(finished_run, config.replace(out_dir=finished_run)),
+                final_state(run_dir, config.replace(out_dir=run_dir)))
+    assert records(run_dir) == records(finished_run)
+
+
+@contextlib.contextmanager
+def read_only(directory):
+    """``directory`` made read-only: by its mode, or for root (whom modes do not stop) with
+    ``chattr +i``; skips the test where neither works."""
+
+    def writable():
+        try:
+            with tempfile.TemporaryFile(dir=directory):
+                return True
+        except OSError:
+            return False
+
+    os.chmod(directory, 0o555)
+    immutable = False
+    try:
+        if writable() and shutil.which("chattr"):
+            immutable = subprocess.run(["chattr", "+i", directory],
+                                       capture_output=True).returncode == 0
+        if writable():
+            pytest.skip("cannot make a directory read-only here")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", directory], check=True)
+        os.chmod(directory, 0o755)
+
+
+def test_read_only_checkpoint_dir_fails_before_training(finished_run, tmp_path, capsys):
+    """Resuming into a checkpoint dir that cannot be written fails at once, not at the first
+    save after a round was trained and logged."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    before = snapshot(run_dir)
+    with read_only(os.path.join(run_dir, "checkpoints")):
+        code = main(RUN + ["--rounds", "3", "--out-dir", run_dir])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("fljax: error: checkpoint dir") and "is not writable" in err
     assert snapshot(run_dir) == before
 
 
