@@ -5,21 +5,47 @@
     fljax sweep FILE [--scale cpu] [--out-dir DIR]        a paper's table: a grid of runs
 
 Every ExperimentConfig field is a flag (``--clients-per-round 10``). Bad values exit with code 2
-and one line naming the value and what is allowed; Ctrl-C saves a checkpoint and exits with 130.
+and one line naming the value and what is allowed. Ctrl-C exits with code 130 and one line at any
+moment: at once while nothing is being written (start-up), else after the current round, with a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 
-from fljax.config import ExperimentConfig, load_config
 from fljax.errors import FljaxError
 
 
+@contextlib.contextmanager
+def _ctrl_c_exits(message: str):
+    """While inside, Ctrl-C prints ``fljax: MESSAGE`` and exits with code 130 at once: no
+    traceback, and nothing a half-done import or exception could leave behind. Only for spans
+    that write nothing; the runner catches Ctrl-C itself while it writes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        os.write(2, f"fljax: {message}\n".encode())
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run_parser() -> argparse.ArgumentParser:
+    from fljax.config import ExperimentConfig
+
     parser = argparse.ArgumentParser(prog="fljax", description="Run one federated experiment "
                                      "(see also: fljax plot --help).")
     parser.add_argument("--config", help="JSON file of config values; flags override it")
@@ -38,6 +64,8 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namespace]:
+    from fljax.config import ExperimentConfig, load_config
+
     args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
@@ -59,7 +87,8 @@ def _plot(argv: list[str]) -> int:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", default="fljax_plot.png", help="PNG file to write")
     args = parser.parse_args(argv)
-    print(plot_runs(args.run_dirs, args.out))
+    with _ctrl_c_exits("interrupted; no plot was written"):
+        print(plot_runs(args.run_dirs, args.out))
     return 0
 
 
@@ -67,7 +96,7 @@ def _sweep(argv: list[str]) -> int:
     import jax
 
     from fljax import sweep
-    from fljax.train import RunInterrupted, run
+    from fljax.train import RunInterrupted, run, write_file
 
     parser = argparse.ArgumentParser(prog="fljax sweep", description="Run every cell of a sweep "
                                      "file (rows x columns x seeds; see fljax/sweep.py) and "
@@ -90,17 +119,18 @@ def _sweep(argv: list[str]) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     changes = sweep.parse_settings(args.set)
     cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, **changes)
-    try:
-        results = sweep.run_sweep(spec, cell_list,
-                                  lambda config: run(config, progress=not args.quiet))
-    except RunInterrupted as e:
-        print(f"fljax: {e}", file=sys.stderr)
-        return 130
-    text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
-        spec, results, args.scale)
-    path = os.path.join(out_dir, args.scale or "base", "results.md")
-    with open(path, "w") as f:
-        f.write(text + "\n")
+    with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
+                       "command again to continue"):
+        try:
+            results = sweep.run_sweep(spec, cell_list,
+                                      lambda config: run(config, progress=not args.quiet))
+        except RunInterrupted as e:
+            print(f"fljax: {e}", file=sys.stderr)
+            return 130
+        text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
+            spec, results, args.scale)
+        path = os.path.join(out_dir, args.scale or "base", "results.md")
+        write_file(path, text + "\n")
     print(text + f"\n\nwritten to {path}")
     return 0
 
@@ -114,19 +144,23 @@ def _run(argv: list[str]) -> int:
     except RunInterrupted as e:
         print(f"fljax: {e}", file=sys.stderr)
         return 130
-    print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
-                        f"{config.partition} split over {config.num_clients} clients, "
-                        f"{config.clients_per_round} per round; log: {config.out_dir}/metrics.jsonl"))
+    with _ctrl_c_exits("interrupted after the run finished; everything is saved"):
+        print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
+                            f"{config.partition} split over {config.num_clients} clients, "
+                            f"{config.clients_per_round} per round; log: "
+                            f"{config.out_dir}/metrics.jsonl"))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv``; returns the exit code (2: bad input, 130: Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        commands = {"plot": _plot, "sweep": _sweep}
-        if argv[:1] and argv[0] in commands:
-            return commands[argv[0]](argv[1:])
-        return _run(argv)
-    except FljaxError as e:
-        print(f"fljax: error: {e}", file=sys.stderr)
-        return 2
+    with _ctrl_c_exits("interrupted during start-up; nothing was written"):
+        try:
+            commands = {"plot": _plot, "sweep": _sweep}
+            if argv[:1] and argv[0] in commands:
+                return commands[argv[0]](argv[1:])
+            return _run(argv)
+        except FljaxError as e:
+            print(f"fljax: error: {e}", file=sys.stderr)
+            return 2

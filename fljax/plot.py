@@ -14,7 +14,8 @@ from fljax.logs import read_log  # noqa: E402
 
 
 def plot_runs(run_dirs: list[str], out: str) -> str:
-    """Draw test accuracy and train loss per round of each run into ``out`` (PNG)."""
+    """Draw test accuracy and train loss per round of each run into ``out`` (PNG), written whole
+    or not at all."""
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for run_dir in run_dirs:
         records = read_log(os.path.join(run_dir, "metrics.jsonl"))
@@ -34,8 +35,11 @@ def plot_runs(run_dirs: list[str], out: str) -> str:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
+    root, ext = os.path.splitext(out)
+    tmp = f"{root}.tmp{ext}"   # same extension: the format follows it
     try:
-        fig.savefig(out, dpi=120)
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, out)
     except OSError as e:
         raise FljaxError(f"cannot write plot to {out!r} ({e.strerror})") from None
     finally:

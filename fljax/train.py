@@ -55,12 +55,12 @@ def writable_dir(path: str, what: str) -> None:
         raise FljaxError(f"{what} {path!r} is not writable ({e.strerror})") from None
 
 
-def write_json(path: str, value: Any) -> None:
-    """Replace the file ``path`` by ``value`` as JSON, atomically: a kill leaves the old or the
-    new file, never a part of one."""
+def write_file(path: str, text: str) -> None:
+    """Replace the file ``path`` by ``text`` atomically: a kill leaves the old or the new file,
+    never a part of one."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -154,7 +154,8 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                                                                         "damaged_checkpoints"))
                 print(f"fljax: warning: {error}; moved to {moved!r}; resuming from checkpoint "
                       f"{saved_round}", file=sys.stderr)
-            write_json(os.path.join(config.out_dir, "config.json"), config.to_dict())
+            write_file(os.path.join(config.out_dir, "config.json"),
+                       json.dumps(config.to_dict(), indent=1))
             done = saved_round or 0
             previous_time = max([r["time_s"] for r in read_log(log.path)] or [0.0])
             start = time.perf_counter() - previous_time

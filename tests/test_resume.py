@@ -254,3 +254,37 @@ def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
     assert_same(final_state(reference_run, cli_config(reference_run)),
                 final_state(out_dir, cli_config(out_dir)))
     assert records(out_dir) == records(reference_run)
+
+
+# Ctrl-C at a chosen moment of start-up: MODULE.NAME sends it to its own process when called.
+INTERRUPT_AT = """
+import importlib, os, signal, sys
+from fljax.cli import main
+
+module, name = importlib.import_module(sys.argv[1]), sys.argv[2]
+original = getattr(module, name)
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return original(*args, **kwargs)
+setattr(module, name, interrupted)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("module, name, message", [
+    ("fljax.data.loaders", "load_dataset", "interrupted during start-up; nothing was written"),
+    ("fljax.train", "RunLog",
+     "interrupted before the first round; run the same command again to start"),
+], ids=["while the data loads", "after the run directory appears"])
+def test_ctrl_c_during_start_up_exits_130_with_one_line(module, name, message, tmp_path):
+    """Before the run directory is touched Ctrl-C exits at once; from the first write on the run
+    stops before its first round. Either way: exit code 130, one line, no traceback."""
+    out_dir = str(tmp_path / "r")
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_AT, module, name, *CLI[3:],
+                          "--out-dir", out_dir], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert out.stderr.strip() == f"fljax: {message}"
+    if module == "fljax.data.loaders":
+        assert not os.path.exists(out_dir)
+    else:
+        assert Checkpoints(out_dir).latest_round() is None and records(out_dir) == []
