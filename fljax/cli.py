@@ -43,10 +43,18 @@ def _ctrl_c_exits(message: str):
         signal.signal(signal.SIGINT, previous)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with fljax's errors: one line ``fljax: error: ...`` and exit code 2 (the usage
+    is in --help)."""
+
+    def error(self, message: str):
+        raise FljaxError(message)
+
+
 def _run_parser() -> argparse.ArgumentParser:
     from fljax.config import ExperimentConfig
 
-    parser = argparse.ArgumentParser(prog="fljax", description="Run one federated experiment "
+    parser = _Parser(prog="fljax", description="Run one federated experiment "
                                      "(see also: fljax plot --help).")
     parser.add_argument("--config", help="JSON file of config values; flags override it")
     parser.add_argument("--fresh", action="store_true",
@@ -82,7 +90,7 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
 def _plot(argv: list[str]) -> int:
     from fljax.plot import plot_runs
 
-    parser = argparse.ArgumentParser(prog="fljax plot", description="Plot test accuracy and "
+    parser = _Parser(prog="fljax plot", description="Plot test accuracy and "
                                      "train loss per round of one or more run directories.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", default="fljax_plot.png", help="PNG file to write")
@@ -98,7 +106,7 @@ def _sweep(argv: list[str]) -> int:
     from fljax import sweep
     from fljax.train import RunInterrupted, run, write_file
 
-    parser = argparse.ArgumentParser(prog="fljax sweep", description="Run every cell of a sweep "
+    parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep "
                                      "file (rows x columns x seeds; see fljax/sweep.py) and "
                                      "write its table of final test accuracies.")
     parser.add_argument("file")

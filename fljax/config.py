@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -21,6 +22,7 @@ ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "f
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI).
 WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init")
+MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +86,12 @@ class ExperimentConfig:
 
     def validate(self) -> "ExperimentConfig":
         """Raise FljaxError naming the first bad value; return self when all are allowed."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise FljaxError(f"{field.name} must be a finite number, got {value}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise FljaxError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
         positive = dict(num_clients=self.num_clients, clients_per_round=self.clients_per_round,
                         rounds=self.rounds, eval_every=self.eval_every,
                         num_devices=self.num_devices, checkpoint_every=self.checkpoint_every,

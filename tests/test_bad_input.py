@@ -51,6 +51,12 @@ def npz(tmp, **changes):
     return path
 
 
+def truncated_npz(tmp):
+    path = npz(tmp)
+    os.truncate(path, os.path.getsize(path) // 2)
+    return path
+
+
 def state_files(run_dir, round_index):
     """The files holding a checkpoint's state."""
     return [os.path.join(root, name) for root, _, files in
@@ -190,6 +196,30 @@ CASES = [
     ("FedDecay without beta", lambda t: ["--algorithm", "feddecay"],
      "algorithm 'feddecay' needs ['beta']"),
     ("other experiment's checkpoint", lambda t: ["--lr", "0.2"], "different experiment: lr"),
+    ("negative seed", lambda t: ["--seed", "-1"], "seed must be an integer in [0, 4294967295]"),
+    ("batch larger than the data", lambda t: ["--batch-size", "2000000000"],
+     "batch_size (2000000000) must be <= the number of training examples (1437)"),
+    ("NaN momentum", lambda t: ["--momentum", "nan"], "momentum must be a finite number, got nan"),
+    ("infinite weight decay", lambda t: ["--weight-decay", "inf"],
+     "weight_decay must be a finite number, got inf"),
+    ("NaN clip norm", lambda t: ["--clip-norm", "nan"], "clip_norm must be a finite number"),
+    ("hyperparameter of the wrong type", lambda t: ["--algorithm", "feddyn", "--algorithm-args",
+                                                    '{"alpha": "0.1"}'],
+     "algorithm 'feddyn': alpha must be a number, got \"0.1\""),
+    ("NaN hyperparameter", lambda t: ["--algorithm", "fedprox", "--algorithm-args",
+                                      '{"mu": NaN}'], "mu must be a finite number, got nan"),
+    ("server optimizer arg of the wrong type", lambda t: ["--server-optimizer-args",
+                                                          '{"momentum": "0.9"}'],
+     "server optimizer 'sgd': momentum must be a number or null, got \"0.9\""),
+    ("wrapper arg of the wrong type", lambda t: ["--wrappers",
+                                                 '{"relaxed_init": {"beta": [0.1]}}'],
+     "wrapper 'relaxed_init': beta must be a number"),
+    ("truncated npz", lambda t: ["--dataset", truncated_npz(t)], "is not a readable .npz file"),
+    ("npz label far beyond the classes", lambda t: [
+        "--dataset", npz(t, y_train=np.where(np.arange(60) == 0, 10**9, np.arange(60) % 3)),
+        "--num-clients", "5", "--clients-per-round", "5"],
+     "has label 1000000000: labels must be class indices 0..C-1"),
+    ("argparse type error", lambda t: ["--lr", "abc"], "argument --lr: invalid float value: 'abc'"),
 ]
 MUTATING = [
     ("every checkpoint corrupt", lambda t: [], ("checkpoint 2 in", "is damaged"),

@@ -38,8 +38,9 @@ def test_cli_reads_a_config_file_and_flags_override_it(tmp_path, capsys):
     assert saved["rounds"] == 2 and saved["partition"] == "iid" and saved["local_steps"] == 2
 
 
-def test_argparse_type_errors_exit_2(capsys):
+def test_argparse_errors_are_one_line_and_the_usage_is_in_help(capsys):
+    assert main(["--lr", "fast"]) == 2
+    assert capsys.readouterr().err == "fljax: error: argument --lr: invalid float value: 'fast'\n"
     with pytest.raises(SystemExit) as e:
-        main(["--lr", "fast"])
-    assert e.value.code == 2
-    assert "invalid float value: 'fast'" in capsys.readouterr().err
+        main(["--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: fljax")
