@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from fljax.config import current_names
 from fljax.errors import FljaxError
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
@@ -129,9 +130,10 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
     """Raise FljaxError naming the first config value that differs, other than RESUMABLE_CHANGES.
 
     A field missing from the saved config (added to fljax after the checkpoint was written) counts
-    as its value in ``defaults``: a new field's default keeps the old behaviour.
+    as its value in ``defaults``: a new field's default keeps the old behaviour; a renamed field
+    counts under its current name.
     """
-    saved = {**(defaults or {}), **saved}
+    saved = {**(defaults or {}), **current_names(saved)}
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES:
             continue

@@ -52,23 +52,42 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    from fljax.config import ExperimentConfig
+    """The flags of a run: one per ExperimentConfig field, grouped, each with its default."""
+    from fljax.config import ALGORITHMS, GROUPS, ExperimentConfig
 
-    parser = _Parser(prog="fljax", description="Run one federated experiment "
-                                     "(see also: fljax plot --help).")
-    parser.add_argument("--config", help="JSON file of config values; flags override it")
-    parser.add_argument("--fresh", action="store_true",
-                        help="start over, deleting the checkpoints in --out-dir")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser = _Parser(
+        prog="fljax", description="Run one federated experiment; the same command again resumes "
+        "it. Other commands: fljax plot --help, fljax sweep --help.",
+        epilog=f"algorithms: {', '.join(ALGORITHMS)}")
+    parser.add_argument("--config", metavar="FILE",
+                        help="JSON file of config values, keyed by the flag names with _ "
+                             "for - (clients_per_round); flags override it")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    groups["output"].add_argument("--fresh", action="store_true",
+                                  help="start over, deleting the checkpoints in --out-dir")
+    groups["output"].add_argument("--quiet", action="store_true", help="no progress bar")
     for field in dataclasses.fields(ExperimentConfig):
-        flag = "--" + field.name.replace("_", "-")
+        flags = ["--" + field.name.replace("_", "-"), *field.metadata["aliases"]]
+        text = f"{field.metadata['help']} (default: {_shown(field.default)})".replace("%", "%%")
+        group = groups[field.metadata["group"]]
         kinds = [t.strip() for t in field.type.split("|")]
         if "bool" in kinds:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(*flags, dest=field.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=text)
         else:
             kind = int if "int" in kinds else float if "float" in kinds else str
-            parser.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper())
+            group.add_argument(*flags, dest=field.name, type=kind, default=None,
+                               metavar=kind.__name__.upper(), help=text)
     return parser
+
+
+def _shown(value) -> str:
+    """A default as --help shows it."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namespace]:

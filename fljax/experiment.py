@@ -45,10 +45,10 @@ def split_clients(config: ExperimentConfig, labels: np.ndarray) -> list[np.ndarr
     if config.partition == "iid":
         return partition.iid(labels, config.num_clients, seed=config.seed)
     if config.partition == "dirichlet":
-        return partition.dirichlet(labels, config.num_clients, config.alpha, seed=config.seed,
-                                   min_size=config.min_size)
+        return partition.dirichlet(labels, config.num_clients, config.dirichlet_alpha,
+                                   seed=config.seed, min_size=config.min_size)
     if config.partition == "dirichlet_balanced":
-        return partition.dirichlet_balanced(labels, config.num_clients, config.alpha,
+        return partition.dirichlet_balanced(labels, config.num_clients, config.dirichlet_alpha,
                                             seed=config.seed, replacement=config.replacement)
     return partition.classes_per_client(labels, config.num_clients, config.classes_per_client,
                                         seed=config.seed)

@@ -30,7 +30,7 @@ import re
 import statistics
 from typing import Any, Callable, NamedTuple
 
-from fljax.config import ExperimentConfig
+from fljax.config import ExperimentConfig, current_names
 from fljax.errors import FljaxError
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
@@ -93,12 +93,14 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     for row, row_values in sweep["rows"].items():
         for column, column_values in sweep["columns"].items():
             for seed in seeds or sweep.get("seeds", [0]):
-                values = {**sweep.get("base", {}), **overrides.get("base", {}), **row_values,
-                          **overrides.get(row, {}), **column_values, **overrides.get(column, {}),
-                          "seed": seed,
-                          "out_dir": os.path.join(out_dir, scale or "base", slug(row),
-                                                  slug(column), f"seed_{seed}"),
-                          **changes}
+                layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
+                          overrides.get(row, {}), column_values, overrides.get(column, {}),
+                          {"seed": seed, "out_dir": os.path.join(out_dir, scale or "base",
+                                                                 slug(row), slug(column),
+                                                                 f"seed_{seed}")}, changes]
+                # A later layer overrides an earlier one, whichever name of a field each uses.
+                values = {key: value for layer in layers
+                          for key, value in current_names(layer).items()}
                 try:
                     config = ExperimentConfig().replace(**values).validate()
                 except FljaxError as e:

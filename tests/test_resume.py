@@ -98,6 +98,11 @@ def test_a_checkpoint_older_than_a_config_field_resumes_when_the_field_keeps_its
         check_same_experiment(older, {**current, "augment": "flip_crop"}, "dir", defaults)
     with pytest.raises(FljaxError, match="different experiment: augment is None there"):
         check_same_experiment(older, current, "dir")
+    # A field saved under its old name (alpha, now dirichlet_alpha) counts under the new one.
+    renamed = {("alpha" if k == "dirichlet_alpha" else k): v for k, v in current.items()}
+    check_same_experiment(renamed, current, "dir", defaults)
+    with pytest.raises(FljaxError, match="dirichlet_alpha is 0.3 there and 0.1 here"):
+        check_same_experiment(renamed, {**current, "dirichlet_alpha": 0.1}, "dir", defaults)
 
 
 def test_restore_into_other_experiment_fails_before_training(tmp_path, capsys):
