@@ -1,6 +1,7 @@
 """Command line.
 
     fljax [--config FILE] [--fresh] [--flag VALUE ...]   run one experiment (resumes by default)
+    fljax algorithms [NAME]                              the algorithms, their hyperparameters
     fljax plot RUN_DIR [RUN_DIR ...] [--out FILE.png]    accuracy and loss curves of runs
     fljax sweep FILE [--scale cpu] [--out-dir DIR]        a paper's table: a grid of runs
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -57,7 +59,8 @@ def _run_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="fljax", description="Run one federated experiment; the same command again resumes "
-        "it. Other commands: fljax plot --help, fljax sweep --help.",
+        "it. Other commands: fljax algorithms [NAME] (the algorithms and their hyperparameters), "
+        "fljax plot --help, fljax sweep --help.",
         epilog=f"algorithms: {', '.join(ALGORITHMS)}")
     parser.add_argument("--config", metavar="FILE",
                         help="JSON file of config values, keyed by the flag names with _ "
@@ -104,6 +107,58 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     config = load_config(args.config, **given) if args.config else ExperimentConfig().replace(
         **given)
     return config.validate(), args
+
+
+def _algorithms(argv: list[str]) -> int:
+    import inspect
+    import textwrap
+
+    from fljax import algorithms
+    from fljax.config import ALGORITHMS, WRAPPERS
+    from fljax.experiment import hyperparameters
+
+    parser = _Parser(prog="fljax algorithms", description="List the algorithms and wrappers with "
+                     "their hyperparameters, or show one's update rule and hyperparameters.")
+    parser.add_argument("name", nargs="?", help="an algorithm or wrapper")
+    name = parser.parse_args(argv).name
+
+    def setting(p: inspect.Parameter) -> str:
+        return f"{p.name} (required)" if p.default is p.empty else \
+            f"{p.name}={json.dumps(p.default)}"
+
+    if name is None:
+        for title, names in ((f"Algorithms: fljax --algorithm NAME --algorithm-args "
+                              f"'{{\"KEY\": VALUE}}'", ALGORITHMS),
+                             (f"Wrappers over any algorithm: fljax --wrappers "
+                              f"'{{\"NAME\": {{\"KEY\": VALUE}}}}'", WRAPPERS)):
+            print(title)
+            for each in names:
+                doc = inspect.getdoc(getattr(algorithms, each)).split("\n\n")[0]
+                lines = [" ".join(doc.split()), ", ".join(map(setting, hyperparameters(each)))
+                         or "(no hyperparameters)"]
+                print(f"  {each}")
+                for line in lines:
+                    print(textwrap.fill(line, 100, initial_indent=" " * 6,
+                                        subsequent_indent=" " * 6))
+            print()
+        print("The local optimizer (--lr, --lr-decay, --momentum, --weight-decay, --clip-norm), "
+              "--server-lr and\n--server-optimizer are flags. fljax algorithms NAME: the update "
+              "rule and hyperparameters of NAME.")
+        return 0
+    if name not in ALGORITHMS + WRAPPERS:
+        raise FljaxError(f"unknown algorithm or wrapper {name!r}; choose one of "
+                         f"{list(ALGORITHMS + WRAPPERS)}")
+    factory = getattr(algorithms, name)
+    flag = "--algorithm-args" if name in ALGORITHMS else f"--wrappers '{{\"{name}\": {{...}}}}'"
+    print(f"{name}: {sys.modules[factory.__module__].__doc__.strip()}\n")
+    print(f"fljax.algorithms.{name}: {inspect.getdoc(factory)}\n")
+    print(f"Hyperparameters ({flag}):" if hyperparameters(name) else
+          "No hyperparameters: the flags set it all.")
+    for p in hyperparameters(name):
+        kind = "" if p.annotation is p.empty else f": {p.annotation}"
+        print(f"  {p.name}{kind}" + (" (required)" if p.default is p.empty else
+                                     f" = {json.dumps(p.default)}"))
+    return 0
 
 
 def _plot(argv: list[str]) -> int:
@@ -184,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with _ctrl_c_exits("interrupted during start-up; nothing was written"):
         try:
-            commands = {"plot": _plot, "sweep": _sweep}
+            commands = {"algorithms": _algorithms, "plot": _plot, "sweep": _sweep}
             if argv[:1] and argv[0] in commands:
                 return commands[argv[0]](argv[1:])
             return _run(argv)

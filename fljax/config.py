@@ -65,8 +65,8 @@ class ExperimentConfig:
     model: str = option("mlp", "model", f"one of {', '.join(MODEL_NAMES)}")
     conv_impl: str | None = option(None, "model", f"convolution: {' or '.join(CONV_IMPLS)}; "
                                    "unset: im2col on CPU (fast inside a scan), xla elsewhere")
-    algorithm: str = option("fedavg", "algorithm", "the federated algorithm (the list ends this "
-                            "help)")
+    algorithm: str = option("fedavg", "algorithm", "the federated algorithm (`fljax algorithms` "
+                            "lists them with their hyperparameters)")
     algorithm_args: str = option("{}", "algorithm", "its hyperparameters, a JSON object, e.g. "
                                  "'{\"alpha\": 0.1}' for feddyn")
     switch_to: str | None = option(None, "algorithm", "continue with this algorithm from round "

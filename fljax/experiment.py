@@ -59,6 +59,25 @@ def algorithm_factories() -> dict[str, Callable[..., algorithms.Algorithm]]:
     return {name: getattr(algorithms, name) for name in ALGORITHMS}
 
 
+# What the CLI fills in rather than --algorithm-args: besides a factory's first argument (the local
+# optimizer, the learning rate, or the wrapped algorithm), these arguments, and lbsgd's SGD flags.
+FILLED = ("model", "client_sizes", "server_lr", "server_optimizer", "name")
+LBSGD_FLAGS = ("weight_decay", "momentum", "clip_norm")
+# gradual_unfreezing takes units of parameter groups; the CLI builds them from this argument.
+UNIT = inspect.Parameter("unit", inspect.Parameter.KEYWORD_ONLY, default="M", annotation="str")
+
+
+def hyperparameters(name: str) -> list[inspect.Parameter]:
+    """The arguments of algorithm or wrapper ``name`` (config.ALGORITHMS, config.WRAPPERS) that
+    one sets in --algorithm-args or --wrappers, from its factory's signature (a required one has
+    no default)."""
+    parameters = list(inspect.signature(getattr(algorithms, name)).parameters.values())[1:]
+    if name == "gradual_unfreezing":
+        parameters = [UNIT, *parameters[1:]]
+    filled = FILLED + (LBSGD_FLAGS if name == "lbsgd" else ())
+    return [p for p in parameters if p.name not in filled and p.kind != p.VAR_KEYWORD]
+
+
 def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Model,
                    client_sizes: np.ndarray) -> algorithms.Algorithm:
     """Call the factory ``name`` with the config's local optimizer and ``kwargs``.
@@ -72,8 +91,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
     if name == "fedsgd":
         return call(name, factory, [config.lr], kwargs, {})
     if name == "lbsgd":
-        sgd = dict(weight_decay=config.weight_decay, momentum=config.momentum,
-                   clip_norm=config.clip_norm)
+        sgd = {key: getattr(config, key) for key in LBSGD_FLAGS}
         return call(name, factory, [config.lr], {**sgd, **kwargs}, {})
     local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
                                  weight_decay=config.weight_decay, clip_norm=config.clip_norm)
@@ -171,7 +189,7 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
         args = dict(wrappers[wrapper])
         leading = [algorithm]
         if wrapper == "gradual_unfreezing":
-            leading.append(unfreeze_units(model, args.pop("unit", "M")))
+            leading.append(unfreeze_units(model, args.pop(UNIT.name, UNIT.default)))
         algorithm = call(wrapper, getattr(algorithms, wrapper), leading, args, {},
                          kind="wrapper")
     return algorithm

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from fljax.cli import config_from_args, main
-from fljax.config import GROUPS, ExperimentConfig
+from fljax.config import ALGORITHMS, GROUPS, WRAPPERS, ExperimentConfig
 
 
 def test_cli_smoke_run_on_digits(tmp_path):
@@ -84,3 +84,16 @@ def test_dirichlet_alpha_keeps_its_old_name_in_flags_and_config_files(tmp_path, 
     both.write_text('{"alpha": 0.2, "dirichlet_alpha": 0.3}')
     assert main(["--config", str(both)]) == 2
     assert "alpha is the old name of dirichlet_alpha" in capsys.readouterr().err
+
+
+def test_algorithms_lists_every_algorithm_and_wrapper_with_its_hyperparameters(capsys):
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  {name}\n" in out for name in ALGORITHMS + WRAPPERS)
+    assert "alpha=0.01, adaptive_alpha=true" in out                      # feddyn's signature
+    assert 'unit="M", fraction (required), order="bottom_up"' in out     # gradual_unfreezing
+    assert main(["algorithms", "feddyn"]) == 0
+    out = capsys.readouterr().out
+    assert "H^{t+1} = H^t + (1/N)" in out and "alpha: float = 0.01" in out   # rule, settings
+    assert main(["algorithms", "fedfoo"]) == 2
+    assert "unknown algorithm or wrapper 'fedfoo'" in capsys.readouterr().err
