@@ -110,6 +110,8 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
 
 
 def _algorithms(argv: list[str]) -> int:
+    """``fljax algorithms``: every algorithm and wrapper with its hyperparameters and defaults;
+    ``fljax algorithms NAME``: NAME's update rule (its module's docstring) and hyperparameters."""
     import inspect
     import textwrap
 
@@ -148,13 +150,12 @@ def _algorithms(argv: list[str]) -> int:
     if name not in ALGORITHMS + WRAPPERS:
         raise FljaxError(f"unknown algorithm or wrapper {name!r}; choose one of "
                          f"{list(ALGORITHMS + WRAPPERS)}")
-    factory = getattr(algorithms, name)
+    factory, settings = getattr(algorithms, name), hyperparameters(name)
     flag = "--algorithm-args" if name in ALGORITHMS else f"--wrappers '{{\"{name}\": {{...}}}}'"
     print(f"{name}: {sys.modules[factory.__module__].__doc__.strip()}\n")
     print(f"fljax.algorithms.{name}: {inspect.getdoc(factory)}\n")
-    print(f"Hyperparameters ({flag}):" if hyperparameters(name) else
-          "No hyperparameters: the flags set it all.")
-    for p in hyperparameters(name):
+    print(f"Hyperparameters ({flag}):" if settings else "No hyperparameters: the flags set it all.")
+    for p in settings:
         kind = "" if p.annotation is p.empty else f": {p.annotation}"
         print(f"  {p.name}{kind}" + (" (required)" if p.default is p.empty else
                                      f" = {json.dumps(p.default)}"))
@@ -164,8 +165,8 @@ def _algorithms(argv: list[str]) -> int:
 def _plot(argv: list[str]) -> int:
     from fljax.plot import plot_runs
 
-    parser = _Parser(prog="fljax plot", description="Plot test accuracy and "
-                                     "train loss per round of one or more run directories.")
+    parser = _Parser(prog="fljax plot", description="Plot test accuracy and train loss per round "
+                     "of one or more run directories.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", default="fljax_plot.png", help="PNG file to write")
     args = parser.parse_args(argv)
@@ -180,9 +181,9 @@ def _sweep(argv: list[str]) -> int:
     from fljax import sweep
     from fljax.train import RunInterrupted, run, write_file
 
-    parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep "
-                                     "file (rows x columns x seeds; see fljax/sweep.py) and "
-                                     "write its table of final test accuracies.")
+    parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep file (rows x "
+                     "columns x seeds; see fljax/sweep.py) and write its table of final test "
+                     "accuracies.")
     parser.add_argument("file")
     parser.add_argument("--scale", help="one of the file's scales (e.g. cpu, full)")
     parser.add_argument("--out-dir", help="where the runs go (default: runs/FILE_NAME)")
