@@ -58,7 +58,7 @@ def candidate(name: str, setup, data) -> callable:
     values = EXTRA_ROWS.get(name, dict(algorithm=name,
                                        algorithm_args=REQUIRED_ARGS.get(name, {})))
     config = ExperimentConfig(lr=LEARNING_RATE).replace(**values)
-    algorithm = build_algorithm(config, model, np.asarray(data.count))
+    algorithm = build_algorithm(config, model)
     round_fn = fljax.make_round(algorithm, model, data, clients_per_round=setup.cohort,
                                 batch_size=setup.batch, local_steps=setup.local_steps)
     state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)

@@ -10,6 +10,7 @@ A checkpoint that cannot be read (damaged on disk) is passed over for the newest
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 from typing import Any
@@ -22,7 +23,8 @@ from fljax.errors import FljaxError
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
-                               "keep_checkpoints", "client_chunk", "num_devices"})
+                               "keep_checkpoints", "client_chunk", "num_devices",
+                               "target_accuracy"})
 
 
 class Damaged(FljaxError):
@@ -80,14 +82,19 @@ class Checkpoints:
         check_same_experiment(self.saved_config(round_index), config, self.directory, defaults)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
         _ignore_abandoned_reads()
-        try:
-            restored = self._manager.restore(round_index, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract)))
-        except Exception as e:
-            raise Damaged(round_index, f"checkpoint {round_index} in {self.directory!r} is "
-                          f"damaged or was written by another version of fljax: its state "
-                          f"cannot be read ({_first_line(e)})") from None
-        return restored.state
+        error = None
+        for older in (abstract, *_without_new_empty_fields(abstract)):
+            try:
+                restored = self._manager.restore(round_index, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(older)))
+            except Exception as e:
+                error = error or e
+                continue
+            return type(like)(*restored.state, *like[len(older):]) if older is not abstract \
+                else restored.state
+        raise Damaged(round_index, f"checkpoint {round_index} in {self.directory!r} is damaged "
+                      f"or was written by another version of fljax: its state cannot be read "
+                      f"({_first_line(error)})") from None
 
     def restore_latest(self, like: Any, config: dict[str, Any],
                        defaults: dict[str, Any] | None = None) -> tuple[int | None, Any, list]:
@@ -123,6 +130,20 @@ class Checkpoints:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _without_new_empty_fields(like: Any) -> list[Any]:
+    """``like`` (a NamedTuple) cut before each run of trailing fields that hold no arrays (e.g.
+    ``RoundState.probes`` of a run without probes): how a checkpoint written before those fields
+    existed is laid out. Longest first; [] for anything else."""
+    if not (isinstance(like, tuple) and hasattr(like, "_fields")):
+        return []
+    cuts = []
+    for k in range(len(like) - 1, 0, -1):
+        if jax.tree.leaves(like[k]):
+            break
+        cuts.append(collections.namedtuple(type(like).__name__, like._fields[:k])(*like[:k]))
+    return cuts
 
 
 def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where: str,

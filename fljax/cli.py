@@ -169,9 +169,12 @@ def _plot(argv: list[str]) -> int:
                      "of one or more run directories.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", default="fljax_plot.png", help="PNG file to write")
+    parser.add_argument("--metrics", help="comma-separated metrics to draw, one panel each "
+                        "(default: accuracy,train_loss), e.g. pseudo_gradient_diversity")
     args = parser.parse_args(argv)
+    metrics = args.metrics.split(",") if args.metrics else None
     with _ctrl_c_exits("interrupted; no plot was written"):
-        print(plot_runs(args.run_dirs, args.out))
+        print(plot_runs(args.run_dirs, args.out, metrics))
     return 0
 
 
@@ -231,7 +234,7 @@ def _run(argv: list[str]) -> int:
         print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
                             f"{config.partition} split over {config.num_clients} clients, "
                             f"{config.clients_per_round} per round; log: "
-                            f"{config.out_dir}/metrics.jsonl"))
+                            f"{config.out_dir}/metrics.jsonl", config.target_accuracy))
     return 0
 
 

@@ -111,6 +111,13 @@ class ExperimentConfig:
                                  "model before it is scored")
     finetune_lr: float = option(0.01, "evaluation", "learning rate of that fine-tuning "
                                 "(pFL-Bench FEMNIST: 5 steps at 0.01)")
+    probes: str = option("", "evaluation", "probes measured during the run, comma-separated "
+                         "fljax.probes names, e.g. pseudo_gradient_diversity,cosine_previous")
+    probe_args: str = option("{}", "evaluation", "their arguments, a JSON object by probe, e.g. "
+                             "'{\"interaction_tensor\": {\"rounds\": [50, 100]}}'")
+    target_accuracy: float | None = option(None, "evaluation", "the results table gives the "
+                                           "rounds, bytes, FLOPs and seconds to reach this test "
+                                           "accuracy")
     eval_every: int = option(20, "evaluation", "rounds between evaluations on the test set (and "
                              "one at the end)")
     seed: int = option(0, "run", "seed of the split, the initial model, client sampling and "
@@ -201,13 +208,29 @@ class ExperimentConfig:
             raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
-        for name in ("server_optimizer_args", "algorithm_args", "switch_args", "wrappers"):
+        for name in ("server_optimizer_args", "algorithm_args", "switch_args", "wrappers",
+                     "probe_args"):
             json_object(name, getattr(self, name))
+        from fljax.probes import PROBES
+        unknown = sorted(set(self.probe_names()) - set(PROBES))
+        if unknown:
+            raise FljaxError(f"unknown probe(s) {unknown}; allowed: {sorted(PROBES)}")
+        unused = sorted(set(json_object("probe_args", self.probe_args)) - set(self.probe_names()))
+        if unused:
+            raise FljaxError(f"probe_args names {unused}, which are not in probes "
+                             f"{self.probe_names()}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise FljaxError(f"target_accuracy must be in (0, 1] or unset, got "
+                             f"{self.target_accuracy}")
         unknown = sorted(set(json_object("wrappers", self.wrappers)) - set(WRAPPERS))
         if unknown:
             raise FljaxError(f"unknown wrapper(s) {unknown}; allowed: {list(WRAPPERS)}")
         server_optimizer_factory(self.server_optimizer)
         return self
+
+    def probe_names(self) -> list[str]:
+        """The names in ``probes``, in order."""
+        return [name.strip() for name in self.probes.split(",") if name.strip()]
 
     def replace(self, **changes) -> "ExperimentConfig":
         """A copy with ``changes`` (old names of renamed fields accepted), each checked against
@@ -260,6 +283,8 @@ def _coerce(name: str, annotation: str, value: Any) -> Any:
         return float(value)
     if "str" in allowed and isinstance(value, str):
         return value
+    if name == "probes" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
     if (name.endswith("_args") or name == "wrappers") and isinstance(value, dict):  # JSON object
         return json.dumps(value)
     raise FljaxError(f"{name} must be of type {annotation}, got {value!r}")

@@ -29,8 +29,9 @@ def make_evaluator(model: Model, x: np.ndarray, y: np.ndarray, batch_size: int =
     batch_size = min(batch_size, n)
     num_batches = -(-n // batch_size)
     pad = num_batches * batch_size - n
+    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64 is on
     x_b = jnp.asarray(np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]),
-                      jnp.float32).reshape(num_batches, batch_size, *x.shape[1:])
+                      float_dtype).reshape(num_batches, batch_size, *x.shape[1:])
     y_b = jnp.asarray(np.concatenate([y, np.zeros(pad, y.dtype)]), jnp.int32).reshape(
         num_batches, batch_size)
     mask_b = (jnp.arange(num_batches * batch_size) < n).reshape(num_batches, batch_size)

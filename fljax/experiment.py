@@ -12,20 +12,21 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
-from fljax import algorithms
+from fljax import algorithms, probes
 from fljax.config import (ALGORITHMS, FULL_BATCH, WRAPPERS, ExperimentConfig, json_object,
                           server_optimizer_factory)
 from fljax.data import loaders, partition
 from fljax.data.augment import named_augmentation
 from fljax.data.federated import FederatedData, federate
 from fljax.data.users import split_users
-from fljax.engine import RoundFunction, RoundState, init_state, make_round
+from fljax.engine import RoundFunction, RoundState, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
 from fljax.personalize import make_user_evaluator
+from fljax.probes import Probe
 
 
 class Experiment(NamedTuple):
@@ -61,7 +62,7 @@ def algorithm_factories() -> dict[str, Callable[..., algorithms.Algorithm]]:
 
 # What the CLI fills in rather than --algorithm-args: besides a factory's first argument (the local
 # optimizer, the learning rate, or the wrapped algorithm), these arguments, and lbsgd's SGD flags.
-FILLED = ("model", "client_sizes", "server_lr", "server_optimizer", "name")
+FILLED = ("model", "server_lr", "server_optimizer", "name")
 LBSGD_FLAGS = ("weight_decay", "momentum", "clip_norm")
 # gradual_unfreezing takes units of parameter groups; the CLI builds them from this argument.
 UNIT = inspect.Parameter("unit", inspect.Parameter.KEYWORD_ONLY, default="M", annotation="str")
@@ -78,12 +79,12 @@ def hyperparameters(name: str) -> list[inspect.Parameter]:
     return [p for p in parameters if p.name not in filled and p.kind != p.VAR_KEYWORD]
 
 
-def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Model,
-                   client_sizes: np.ndarray) -> algorithms.Algorithm:
+def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig,
+                   model: Model) -> algorithms.Algorithm:
     """Call the factory ``name`` with the config's local optimizer and ``kwargs``.
 
     What a factory takes beyond its hyperparameters is filled in from the experiment: ``model``
-    (feature regularizers), ``client_sizes`` (FedDyn's adaptive alpha), ``server_lr`` and
+    (feature regularizers), ``server_lr`` and
     ``server_optimizer`` (from --server-lr / --server-optimizer) unless given in ``kwargs``.
     The full-batch algorithms (FedSGD, large-batch SGD) take the lr and SGD settings directly.
     """
@@ -96,7 +97,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
     local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
                                  weight_decay=config.weight_decay, clip_norm=config.clip_norm)
     accepted = inspect.signature(factory).parameters
-    extras = {"model": model, "client_sizes": client_sizes, "server_lr": config.server_lr}
+    extras = {"model": model, "server_lr": config.server_lr}
     extras = {k: v for k, v in extras.items() if k in accepted}
     if "server_optimizer" in accepted and "server_optimizer" not in kwargs:
         extras["server_optimizer"] = call(
@@ -114,7 +115,7 @@ def call(name: str, factory: Callable[..., algorithms.Algorithm], args: list, kw
     FljaxError naming it (and listing the allowed ones)."""
     parameters = list(inspect.signature(factory).parameters.values())[len(args):]
     allowed = [p.name for p in parameters
-               if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model", "client_sizes")]
+               if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model")]
     unknown = sorted(kwargs.keys() - set(allowed))
     missing = [p.name for p in parameters if p.default is p.empty
                and p.name not in kwargs and p.name not in extras]
@@ -195,18 +196,43 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
     return algorithm
 
 
-def build_algorithm(config: ExperimentConfig, model: Model,
-                    client_sizes: np.ndarray) -> algorithms.Algorithm:
+def build_algorithm(config: ExperimentConfig, model: Model) -> algorithms.Algorithm:
     """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` if set, with
     the config's wrappers."""
     algorithm = make_algorithm(config.algorithm,
                                json_object("algorithm_args", config.algorithm_args),
-                               config, model, client_sizes)
+                               config, model)
     if config.switch_to is not None:
         then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
-                              config, model, client_sizes)
+                              config, model)
         algorithm = algorithms.switch(algorithm, then, config.switch_at)
     return wrap(algorithm, json_object("wrappers", config.wrappers), model)
+
+
+def build_probes(config: ExperimentConfig, dataset: loaders.Dataset, model: Model,
+                 data: FederatedData) -> list[Probe]:
+    """The probes the config names, with their --probe-args. What a probe needs from the
+    experiment is filled in unless given: the interaction tensor's ``points`` (the first
+    ``num_points`` test images, default 1000); the switching criterion's ``optimum`` when its
+    args say ``"optimum": "centralized"`` (``centralized_optimum`` of the pooled training loss from
+    the initial model) and ``alpha`` (FedDyn's, from the algorithm args or its default)."""
+    args_of = json_object("probe_args", config.probe_args)
+    result = []
+    for name in config.probe_names():
+        args = dict(args_of.get(name, {}))
+        if name == "interaction_tensor":
+            args.setdefault("points", dataset.x_test[:args.pop("num_points", 1000)])
+        if name == "switching_criterion":
+            if args.get("optimum") == "centralized":
+                initial = model.init(jax.random.PRNGKey(config.seed))
+                args["optimum"] = probes.centralized_optimum(model, data, initial)
+            args.setdefault("alpha", json_object("algorithm_args", config.algorithm_args).get(
+                "alpha", inspect.signature(algorithms.feddyn).parameters["alpha"].default))
+        if name == "cosine_to" and isinstance(args.get("reference"), str):
+            raise FljaxError("cosine_to needs per-client reference pseudo-gradients: use the "
+                             "Python API (fljax.probes.cosine_to(last_pseudo_gradients(state)))")
+        result.append(call(name, probes.PROBES[name], [], args, {}, kind="probe"))
+    return result
 
 
 def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None) -> Experiment:
@@ -240,7 +266,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                        conv_impl=config.conv_impl)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model)
-    algorithm = algorithm or build_algorithm(config, model, np.asarray(data.count))
+    algorithm = algorithm or build_algorithm(config, model)
     full_batch = config.algorithm in FULL_BATCH
     round_fn = make_round(
         algorithm, model, data, clients_per_round=config.clients_per_round,
@@ -249,7 +275,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         local_epochs=None if full_batch else config.local_epochs,
         aggregation=config.aggregation, client_chunk=config.client_chunk,
         num_devices=config.num_devices, augment=named_augmentation(config.augment),
-        participation=config.participation)
+        participation=config.participation,
+        probes=build_probes(config, dataset, model, data))
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
     evaluate_users = None
     if users is not None:
@@ -261,9 +288,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             batch_size=None if config.batch_size == 0 else config.batch_size)
 
     def initial_state() -> RoundState:
-        params = model.init(jax.random.PRNGKey(config.seed))
-        state = init_state(algorithm, params, data.num_clients, config.seed)
-        return round_fn.place(state)
+        return round_fn.init_state(model.init(jax.random.PRNGKey(config.seed)), config.seed)
 
     return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
                       evaluate_users)

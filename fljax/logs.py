@@ -8,6 +8,7 @@ could still lose.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any
@@ -87,7 +88,8 @@ class RunLog:
     def _write(self, record: dict[str, Any], scalars: dict[str, float]) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._tb.write_event(Event(wall_time=time.time(), step=record["round"], summary=Summary(
-            value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()])))
+            value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()
+                   if math.isfinite(value)])))   # e.g. a cosine before any client has a previous
 
     def commit(self) -> None:
         """Put every record written so far on disk (flush and fsync both files)."""

@@ -28,7 +28,7 @@ import optax
 
 from fljax.data.federated import FederatedData, with_parts
 from fljax.data.users import Users
-from fljax.engine import local_training
+from fljax.clients import local_training
 from fljax.evaluate import batch_scores
 from fljax.models.model import Model, Params, cross_entropy
 

@@ -7,10 +7,14 @@ A sweep file::
      "rows": {"row name": {values}, ...},            e.g. data settings
      "columns": {"column name": {values}, ...},      e.g. methods
      "seeds": [0, 1, 2],
-     "target_accuracy": 0.67,                        optional: report rounds to reach it
+     "target_accuracy": 0.67,                        optional: report rounds, bytes, FLOPs
+                                                     and seconds to reach it
      "metrics": {"existing users": "existing_test_acc", "new users": "new_test_acc"},
-                                                     optional: what to tabulate (an evaluation
-                                                     key per label; default the test accuracy)
+                                                     optional: what to tabulate (a key of the
+                                                     evaluation records per label: test scores,
+                                                     evaluation probes, or the last round's
+                                                     metrics such as FedInit's "divergence" or a
+                                                     probe's; default the test accuracy)
      "scales": {"cpu": {"base": {values}, "row or column name": {values},
                         "target_accuracy": 0.9}, "full": {...}}}
 
@@ -19,7 +23,8 @@ scale[column] + {seed, out_dir}``: a scale overrides the shared values and any r
 own (e.g. a smaller switch round on CPU). Its out_dir is ``OUT/scale/row/column/seed_S``; each run
 resumes from its checkpoints, so a sweep that stopped continues where it stopped and a finished
 run is not trained again. The table gives the final test accuracy (or each of the ``metrics``) of
-every cell as mean +- std over seeds, and, if set, the rounds to the target accuracy.
+every cell as mean +- std over seeds (accuracies in %, other metrics as logged), and, if set, the
+rounds, megabytes sent, GFLOPs and seconds to the target accuracy.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any, Callable, NamedTuple
 
 from fljax.config import ExperimentConfig, current_names
 from fljax.errors import FljaxError
+from fljax.train import to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics"}
@@ -131,7 +137,13 @@ def slug(name: str) -> str:
 
 def rounds_to(evaluations: list[dict[str, Any]], target: float) -> int | None:
     """The first evaluated round whose test accuracy reaches ``target``, or None."""
-    return next((e["round"] for e in evaluations if e["accuracy"] >= target), None)
+    cost = to_target(evaluations, target)
+    return None if cost is None else cost["rounds"]
+
+
+# (label, key of to_target's result, scale) of the cost-to-target lines
+TARGET_COSTS = (("rounds", "rounds", 1.0), ("MB", "bytes", 1e-6), ("GFLOPs", "flops", 1e-9),
+                ("seconds", "seconds", 1.0))
 
 
 def run_sweep(sweep: dict[str, Any], cell_list: list[Cell],
@@ -158,17 +170,22 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
         runs = [[evals for cell, evals in results.items()
                  if cell.row == row and cell.column == column and evals] for column in columns]
         for label, key in sweep.get("metrics", {"": "accuracy"}).items():
-            finals = [[100 * evals[-1][key] for evals in r] for r in runs]
+            scale = 100 if "acc" in key else 1       # accuracies in %
+            finals = [[scale * evals[-1][key] for evals in r] for r in runs]
             cells_text = [mean_std(f) for f in finals]
-            best = max(range(len(columns)), key=lambda j: statistics.mean(finals[j] or [-1.0]))
-            cells_text[best] = f"**{cells_text[best]}**"
+            if "acc" in key:
+                best = max(range(len(columns)),
+                           key=lambda j: statistics.mean(finals[j] or [-1.0]))
+                cells_text[best] = f"**{cells_text[best]}**"
             name = f"{row}: {label}" if label else row
             lines.append(f"| {name} | " + " | ".join(cells_text) + " |")
         if target is not None:
-            reach = [[rounds_to(evals, target) for evals in r] for r in runs]
-            lines.append(f"| {row}: rounds to {100 * target:g}% | " + " | ".join(
-                "x" if not hit or None in hit else f"{statistics.mean(hit):.0f}"
-                for hit in reach) + " |")
+            reach = [[to_target(evals, target) for evals in r] for r in runs]
+            for label, key, scale in TARGET_COSTS:
+                lines.append(f"| {row}: {label} to {100 * target:g}% | " + " | ".join(
+                    "x" if not hit or None in hit else
+                    f"{statistics.mean(scale * h[key] for h in hit):.3g}"
+                    for hit in reach) + " |")
     return "\n".join(lines)
 
 

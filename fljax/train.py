@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from fljax.accounting import param_bytes, round_bytes
 from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
@@ -122,13 +123,17 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                    "written yet"))
         extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
         clients = np.asarray(m["clients"])
-        log.round(round_index, loss, clients[clients >= 0].tolist(),
-                  time.perf_counter() - start,
+        cohort = clients[clients >= 0].tolist()
+        extras.update(cost.round(round_index, len(cohort), state))
+        last_round.clear()
+        last_round.update(extras)
+        log.round(round_index, loss, cohort, time.perf_counter() - start,
                   {"communication_rounds": exchanged(round_index), **extras})
         postfix["loss"] = f"{loss:.4f}"
         bar.set_postfix(postfix)
         bar.update(1)
 
+    last_round: dict[str, float] = {}
     with _sigint_flag() as interrupt:   # until the run's files are closed
         with contextlib.ExitStack() as closing:
             writable_dir(config.out_dir, "output dir")
@@ -157,7 +162,10 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
             write_file(os.path.join(config.out_dir, "config.json"),
                        json.dumps(config.to_dict(), indent=1))
             done = saved_round or 0
-            previous_time = max([r["time_s"] for r in read_log(log.path)] or [0.0])
+            logged = read_log(log.path)
+            previous_time = max([r["time_s"] for r in logged] or [0.0])
+            cost = Accounting(experiment, config, logged)
+            extra_evals = {r for p in experiment.round_fn.probes for r in p.eval_rounds}
             start = time.perf_counter() - previous_time
             bar = closing.enter_context(contextlib.closing(tqdm(
                 total=config.rounds, initial=min(done, config.rounds), disable=not progress,
@@ -170,14 +178,15 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                 if pending is not None:
                     check_and_log(*pending)   # the previous round, read one round late
                 pending = (t + 1, metrics)
-                evaluate = (t + 1) % config.eval_every == 0 or t + 1 == config.rounds
+                evaluate = ((t + 1) % config.eval_every == 0 or t + 1 == config.rounds
+                            or t + 1 in extra_evals)
                 save = (t + 1) % config.checkpoint_every == 0 or t + 1 == config.rounds
                 if evaluate or save:
                     check_and_log(*pending)
                     pending = None
                 if evaluate:
-                    scores = {**evaluate_models(experiment, state),
-                              "communication_rounds": exchanged(t + 1)}
+                    scores = {**last_round, **evaluate_models(experiment, state),
+                              "communication_rounds": exchanged(t + 1), **cost.totals()}
                     log.evaluation(t + 1, scores, time.perf_counter() - start)
                     postfix["acc"] = f"{scores['accuracy']:.3f}"
                 if save:
@@ -206,13 +215,48 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
     if experiment.evaluate_users is not None:
         key = finetune_key(state.key, int(state.round))
         scores.update(experiment.evaluate_users(next(iter(models.values())), key))
+    scores.update(experiment.round_fn.probe_scores(state, experiment.evaluate,
+                                                   experiment.config.out_dir))
     return scores
 
 
-def results_table(evaluations: list[dict[str, Any]], title: str) -> str:
+class Accounting:
+    """Bytes and FLOPs per round (``fljax.accounting``) and their running totals, which a resumed
+    run takes up from the log's round records."""
+
+    def __init__(self, experiment: Experiment, config: ExperimentConfig, logged: list[dict]):
+        self._algorithm = experiment.algorithm
+        self._round_fn = experiment.round_fn
+        self._model_bytes = None
+        self._flops = None
+        self._slots = config.num_clients if config.participation == "bernoulli" else None
+        rounds = [r for r in logged if r.get("kind") == "round"]
+        self._bytes = sum(r.get("bytes_down", 0) + r.get("bytes_up", 0) for r in rounds)
+        self._total_flops = sum(r.get("flops", 0.0) for r in rounds)
+
+    def round(self, round_index: int, cohort_size: int, state) -> dict[str, float]:
+        """The accounting of round ``round_index`` (1-based) with ``cohort_size`` clients."""
+        if self._flops is None:
+            self._model_bytes = param_bytes(state.params)
+            self._flops = self._round_fn.flops(state)
+        down, up = round_bytes(self._algorithm.payload(round_index - 1), cohort_size,
+                               self._model_bytes)
+        flops = self._flops * (cohort_size / self._slots if self._slots else 1.0)
+        self._bytes += down + up
+        self._total_flops += flops
+        return {"bytes_down": down, "bytes_up": up, "flops": flops}
+
+    def totals(self) -> dict[str, float]:
+        """Bytes (both ways) and FLOPs of every round so far: 'bytes', 'total_flops'."""
+        return {"bytes": self._bytes, "total_flops": self._total_flops}
+
+
+def results_table(evaluations: list[dict[str, Any]], title: str,
+                  target: float | None = None) -> str:
     """A plain-text table of the evaluations (comm: communication rounds so far, FedGA's extra
     exchange included; with personalized evaluation, the mean test accuracy of existing and new
-    users after fine-tuning), with the best and final accuracy."""
+    users after fine-tuning), with the best and final accuracy and, for a ``target`` accuracy,
+    the rounds, bytes, FLOPs and seconds it took to reach it."""
     users = [group for group in ("existing", "new")
              if evaluations and f"{group}_test_acc" in evaluations[-1]]
     lines = [title, f"{'round':>6}  {'comm':>6}  {'test acc':>8}  {'test loss':>9}  "
@@ -227,4 +271,27 @@ def results_table(evaluations: list[dict[str, Any]], title: str) -> str:
         lines.append(f"final accuracy {evaluations[-1]['accuracy']:.4f}; best "
                      f"{best['accuracy']:.4f} at round {best['round']}; "
                      f"{evaluations[-1]['time_s']:.1f} s in all")
+    if target is not None:
+        lines.append(to_target_line(evaluations, target))
     return "\n".join(lines)
+
+
+def to_target(evaluations: list[dict[str, Any]], target: float) -> dict[str, float] | None:
+    """Rounds, bytes, FLOPs and seconds at the first evaluation whose test accuracy reaches
+    ``target``; None if none does."""
+    hit = next((e for e in evaluations if e["accuracy"] >= target), None)
+    if hit is None:
+        return None
+    return {"rounds": hit["round"], "bytes": hit.get("bytes", float("nan")),
+            "flops": hit.get("total_flops", float("nan")), "seconds": hit["time_s"]}
+
+
+def to_target_line(evaluations: list[dict[str, Any]], target: float) -> str:
+    cost = to_target(evaluations, target)
+    if cost is None:
+        return f"target accuracy {target:.4f} not reached"
+    return (f"target accuracy {target:.4f} reached at round {cost['rounds']}: "
+            f"{cost['bytes'] / 1e6:.3g} MB sent, {cost['flops']:.3g} FLOPs, "
+            f"{cost['seconds']:.1f} s")
+
+

@@ -27,7 +27,7 @@ def run(config, rounds=3):
     model = from_module("tiny", MLP(hidden=(16,), num_classes=5), (4, 4, 1), 5)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model, out_dim=8)
-    alg = build_algorithm(config, model, np.asarray(sizes))
+    alg = build_algorithm(config, model)
     round_fn = make_round(alg, model, data, clients_per_round=3, batch_size=8,
                           local_epochs=1, aggregation=config.aggregation)
     state = init_state(alg, model.init(jax.random.PRNGKey(0)), len(sizes), seed=1)

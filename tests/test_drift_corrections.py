@@ -350,7 +350,7 @@ FEDDYN_CASES = {
 
 def feddyn_of(local, rest):
     return feddyn(make_local(**local), alpha=rest["alpha"], adaptive_alpha=rest["adaptive_alpha"],
-                  client_sizes=SIZES, client_regularization=rest["client_regularization"],
+                  client_regularization=rest["client_regularization"],
                   server_correction=rest["server_correction"])
 
 
@@ -385,16 +385,20 @@ def test_feddyn_matches_float64_reference(case):
 @pytest.mark.parametrize("aggregation", ["uniform", "examples"])
 def test_feddyn_without_reg_and_h_is_fedavg_exactly(aggregation):
     with jax.enable_x64(True):
-        dyn = feddyn(REDUCTION_LOCAL, alpha=0.3, client_sizes=SIZES,
-                     client_regularization=False, server_correction=False)
+        dyn = feddyn(REDUCTION_LOCAL, alpha=0.3, client_regularization=False,
+                     server_correction=False)
         _, state, *_ = run(dyn, **EPOCHS, aggregation=aggregation)
     assert_equal_to_fedavg(state.params, aggregation)
 
 
-def test_feddyn_client_sizes_must_match_the_number_of_clients():
-    with pytest.raises(FljaxError, match="client_sizes has 5 entries but there are 6 clients"):
-        with jax.enable_x64(True):
-            run(feddyn(local_sgd(0.1), client_sizes=SIZES[:5]), **STEPS, aggregation="uniform")
+def test_feddyn_default_adaptive_alpha_needs_nothing_but_the_local_optimizer():
+    """The official default (adaptive alpha) takes every n_k from the engine: feddyn(local)
+    equals the float64 reference whose alpha_k = alpha / (n_k / mean n) uses the data's sizes."""
+    local, sched, rest = split(FEDDYN_CASES["adaptive_uniform_clip"])
+    with jax.enable_x64(True):
+        alg = feddyn(make_local(**local), alpha=rest["alpha"])
+        params, state, x, y, parts = run(alg, **sched)
+    assert_close(state.params, feddyn_reference(params, x, y, parts, **local, **sched, **rest)[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,15 +415,11 @@ BAD = {
     "scaffold_unknown_option": (lambda: scaffold(LOCAL, option="III"), "option must be one of"),
     "scaffold_int_option": (lambda: scaffold(LOCAL, option=2), "option must be one of"),
     "scaffold_optax_local": (lambda: scaffold(optax.sgd(0.1)), "LocalSGD"),
-    "feddyn_zero_alpha": (lambda: feddyn(LOCAL, alpha=0.0, client_sizes=SIZES),
-                          "alpha must be > 0"),
+    "feddyn_zero_alpha": (lambda: feddyn(LOCAL, alpha=0.0), "alpha must be > 0"),
     "feddyn_negative_alpha": (lambda: feddyn(LOCAL, alpha=-0.01, adaptive_alpha=False),
                               "alpha must be > 0"),
     "feddyn_inf_alpha": (lambda: feddyn(LOCAL, alpha=float("inf"), adaptive_alpha=False),
                          "alpha must be > 0"),
-    "feddyn_adaptive_without_sizes": (lambda: feddyn(LOCAL), "needs client_sizes"),
-    "feddyn_empty_client": (lambda: feddyn(LOCAL, client_sizes=[3, 0, 2]),
-                            "positive counts"),
     "feddyn_optax_local": (lambda: feddyn(optax.sgd(0.1), adaptive_alpha=False), "LocalSGD"),
 }
 
@@ -434,5 +434,5 @@ def test_bad_hyperparameters_are_rejected(case):
 def test_defaults_and_names():
     assert fedprox(LOCAL).name == "fedprox"
     assert scaffold(LOCAL).name == "scaffold"
-    assert feddyn(LOCAL, client_sizes=SIZES).name == "feddyn"
+    assert feddyn(LOCAL).name == "feddyn"
     assert feddyn(LOCAL, adaptive_alpha=False).name == "feddyn"

@@ -119,6 +119,7 @@ MULTI_DEVICE = textwrap.dedent("""
     import jax, numpy as np, optax
     from fljax import algorithms
     from fljax.data.federated import federate
+    from fljax import probes
     from fljax.engine import init_state, make_round
     from fljax.models import make_model
     assert len(jax.devices()) == 8
@@ -129,6 +130,9 @@ MULTI_DEVICE = textwrap.dedent("""
     model = make_model("mlp", (8, 8, 1), 10)
     fedavgm = algorithms.fedavg(algorithms.local_sgd(0.1), optax.sgd(1.0, momentum=0.9))
     fedga = algorithms.fedga(algorithms.local_sgd(0.1), beta=0.5)   # a first exchange, psum-ed
+    # Probes: client outputs summed across devices, per-client probe state sharded with the cohort.
+    probe_list = [probes.pseudo_gradient_diversity(), probes.cosine_previous()]
+    names = ["pseudo_gradient_diversity", "cosine_previous"]
     for alg, layouts, participation in [
             (fedavgm, [(1, 1), (8, 1), (4, 2), (2, 4)], "uniform"),
             (fedga, [(1, 1), (4, 2)], "bernoulli")]:      # 16 slots, dealt over the devices
@@ -136,16 +140,19 @@ MULTI_DEVICE = textwrap.dedent("""
         for devices, chunk in layouts:
             round_fn = make_round(alg, model, data, clients_per_round=8, batch_size=8,
                                   local_epochs=2, client_chunk=chunk, num_devices=devices,
-                                  participation=participation)
-            state = round_fn.place(init_state(alg, model.init(jax.random.PRNGKey(0)), 16, 0))
+                                  participation=participation, probes=probe_list)
+            state = round_fn.init_state(model.init(jax.random.PRNGKey(0)), 0)
             for _ in range(3):
                 state, metrics = round_fn(state)
             assert round_fn.compilations() == 1
-            results.append((jax.device_get(state.params), np.asarray(metrics["clients"])))
-        for params, clients in results[1:]:       # (slots are dealt over devices: compare sets)
+            results.append((jax.device_get(state.params), np.asarray(metrics["clients"]),
+                            [float(metrics[name]) for name in names]))
+        for params, clients, measured in results[1:]:   # (slots are dealt: compare sets)
             np.testing.assert_array_equal(np.sort(clients), np.sort(results[0][1]))
             for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(results[0][0])):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(measured, results[0][2], rtol=1e-4)
+            assert all(np.isfinite(measured))
     print("OK")
 """)
 

@@ -25,7 +25,6 @@ from tests.reference import global_norm, mlp_loss_and_grad, tree_map
 from tests.test_drift_corrections import (EPOCHS, REDUCTION_LOCAL, STEPS, assert_close,
                                           assert_equal_to_fedavg, client_row, make_local,
                                           rounds_of, run, split)
-from tests.test_fedavg_reference import SIZES
 
 UNITS = (("fc1",), ("fc2",))
 
@@ -163,7 +162,7 @@ def test_no_freezing_is_the_wrapped_algorithm_bit_for_bit(fraction):
 
 def test_fraction_zero_feddyn_is_feddyn_bit_for_bit():
     with jax.enable_x64(True):
-        dyn = feddyn(REDUCTION_LOCAL, alpha=0.3, client_sizes=SIZES)
+        dyn = feddyn(REDUCTION_LOCAL, alpha=0.3)
         _, plain, *_ = run(dyn, **EPOCHS, aggregation="uniform")
         _, gu, *_ = run(gradual_unfreezing(dyn, UNITS, 0.0), **EPOCHS, aggregation="uniform")
     for a, b in zip(jax.tree.leaves((plain.params, plain.client_states)),
@@ -175,7 +174,7 @@ def test_fedbabu_head_never_leaves_the_server_value():
     """FedDyn's h_k = y_k,K - theta is exactly 0 on the frozen head: y_k,K == theta bit for bit,
     despite weight decay, momentum, alpha and a nonzero linear term alpha (h_k - theta)."""
     with jax.enable_x64(True):
-        alg = gradual_unfreezing(feddyn(REDUCTION_LOCAL, alpha=0.3, client_sizes=SIZES), UNITS,
+        alg = gradual_unfreezing(feddyn(REDUCTION_LOCAL, alpha=0.3), UNITS,
                                  0.0, frozen_last=1)
         _, state, *_ = run(alg, **EPOCHS, aggregation="uniform")
     h = state.client_states
@@ -194,6 +193,7 @@ def test_frozen_leaves_stay_at_the_server_value_step_by_step():
     ctx = ClientContext(params=params, server_state=None, client_state=h,
                         round=jnp.asarray(0), client_id=jnp.asarray(0), weight=jnp.asarray(1.0),
                         cohort_size=1, num_clients=1, num_examples=jnp.asarray(10),
+                        mean_examples=jnp.asarray(10.0),
                         num_steps=jnp.asarray(6), max_steps=6, steps_per_epoch=jnp.asarray(6),
                         full_gradient=None)
     local = local_sgd(0.1, momentum=0.9, weight_decay=1e-2)

@@ -73,7 +73,9 @@ def test_bad_scale_and_bad_values_name_the_run(tmp_path):
 
 def test_table_mean_std_bold_best_and_rounds_to_target(tmp_path):
     cells = sweep.cells(SPEC, "small", str(tmp_path))
-    curve = lambda *accs: [{"round": 2 * (i + 1), "accuracy": a} for i, a in enumerate(accs)]
+    curve = lambda *accs: [{"round": 2 * (i + 1), "accuracy": a, "bytes": 3e6 * (i + 1),
+                            "total_flops": 5e9 * (i + 1), "time_s": 0.5 * (i + 1)}
+                           for i, a in enumerate(accs)]
     results = {}
     for c in cells:
         if c.column == "A":
@@ -83,9 +85,10 @@ def test_table_mean_std_bold_best_and_rounds_to_target(tmp_path):
     lines = sweep.table(SPEC, results, "small").splitlines()
     assert lines[0] == "| setting | A | B->A |"
     assert lines[2] == "| IID | 50.00 ± 14.14 | **80.00 ± 0.00** |"
-    assert lines[3] == "| IID: rounds to 50% | x | 2 |"
-    assert lines[4] == "| Dir | 50.00 ± 14.14 | **65.00 ± 35.36** |"
-    assert lines[5] == "| Dir: rounds to 50% | x | x |"
+    assert lines[3:7] == ["| IID: rounds to 50% | x | 2 |", "| IID: MB to 50% | x | 3 |",
+                          "| IID: GFLOPs to 50% | x | 5 |", "| IID: seconds to 50% | x | 0.5 |"]
+    assert lines[7] == "| Dir | 50.00 ± 14.14 | **65.00 ± 35.36** |"
+    assert lines[8] == "| Dir: rounds to 50% | x | x |"
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])

@@ -17,6 +17,10 @@ A communication round, as the engine runs it for every sampled client i (all ins
                                                              #   first (FedExP's two-iterate mean)
     client_metrics(ctx, y_i,0, y_i,K)                        # per-client scalars; the round
                                                              #   reports their cohort mean
+    client_vectors(ctx)                                      # named views of a client's state
+                                                             #   for probes (FedDyn's drift)
+    payload(t)                                               # (down, up) model copies per
+                                                             #   client, for byte accounting
 
 Messages are SUMMED over the cohort, so a client scales its own message: ``ctx.weight`` is its
 aggregation weight p_i (example-count or uniform, summing to 1 over the cohort), and
@@ -50,6 +54,7 @@ class ClientContext(NamedTuple):
     cohort_size: int          # |S^t| (static; a traced int under Bernoulli participation)
     num_clients: int          # N, all clients (static)
     num_examples: jax.Array   # shape=(), int32: n_i
+    mean_examples: jax.Array  # shape=(), float: mean of n_j over all N clients (FedDyn's weights)
     num_steps: jax.Array      # shape=(), int32: local steps client i takes this round
     max_steps: int            # the most local steps any client takes (static): num_steps <= it
     steps_per_epoch: jax.Array  # shape=(), int32: ceil(n_i / batch size)
@@ -60,7 +65,43 @@ class ClientContext(NamedTuple):
 
 
 class Algorithm(NamedTuple):
-    """A federated algorithm. Build one with a factory (``fedavg(...)``); never subclass."""
+    """A federated algorithm: pure functions the engine calls inside the compiled round.
+
+    Build one with a factory (``fljax.fedavg(...)``) and change what differs with ``_replace``;
+    never subclass. Every function is traced once into the round program, so it must be pure
+    and use jax.numpy. For each sampled client i of round t the engine calls, in order:
+
+    - ``client_start(ctx, key) -> y_i,0``: the local start (usually ``ctx.params``, w^t);
+    - ``client_tx(ctx) -> optax.GradientTransformation``: the local optimizer for this round;
+    - ``client_loss(ctx, loss_fn) -> loss_fn``: the local objective (``loss_fn(params, x, y,
+      mask, rng)`` is the model's masked mean cross-entropy);
+    - K steps of ``client_tx`` on ``grad(client_loss)`` from y_i,0 give y_i,K;
+    - ``client_end(ctx, y_i,0, y_i,K) -> (new client state, message)``: the message is SUMMED
+      over the cohort, so scale it by ``ctx.weight`` (p_i, summing to 1) for a weighted mean;
+    - ``client_metrics(ctx, y_i,0, y_i,K) -> {name: scalar}``: logged as the cohort mean.
+
+    Then, once per round: ``server_update(w^t, server state, summed message, t) -> (w^{t+1},
+    server state)``. State: ``server_init(params)`` and ``client_init(params)`` give the initial
+    server and per-client state (``()`` when there is none; the engine stacks the client state
+    over all clients and gives a sampled client its own row as ``ctx.client_state``). Optional:
+    ``cohort_start`` (a first exchange, FedGA), ``eval_models`` (what evaluation scores),
+    ``exchanges`` and ``payload`` (communication accounting), ``client_vectors`` (per-client
+    vectors for probes), ``observe`` (a look at the whole round after the server update).
+    ``ClientContext`` lists what a client knows.
+
+    FedAvg with the server's update clipped to norm 1::
+
+        base = fljax.fedavg(fljax.local_sgd(0.05))
+        clip = optax.clip_by_global_norm(1.0)
+
+        def server_update(params, server_state, delta, round_index):
+            delta, _ = clip.update(delta, clip.init(delta))
+            return base.server_update(params, server_state, delta, round_index)
+
+        clipped = base._replace(name="fedavg_clip", server_update=server_update)
+
+    ``notebooks/new_algorithm.ipynb`` writes one from scratch and checks it against FedAvg.
+    """
 
     name: str
     server_init: Callable[[Params], Any]
@@ -77,6 +118,15 @@ class Algorithm(NamedTuple):
         lambda ctx, start, end: {})
     exchanges: Callable[[int], int] = lambda round_index: 1   # server<->client exchanges in
                                                               #   round t (FedGA: 2)
+    payload: Callable[[int], tuple[int, int]] = lambda round_index: (1, 1)
+    # model-sized vectors (down, up) a participating client receives and sends in round t, for
+    #   communication accounting (SCAFFOLD: model and control variate both ways)
+    client_vectors: Callable[[ClientContext], dict[str, Params]] = lambda ctx: {}
+    # named per-client vectors derived from ctx.client_state, for probes (FedDyn: the local drift
+    #   -alpha_k h_k; SCAFFOLD: the control variate c_i)
+    observe: Callable[[Any], tuple[Any, dict[str, jax.Array]]] | None = None
+    # observe(view) -> (server state, metrics), after the server update: sees the whole round
+    #   and population (a fljax.probes.RoundView); the adaptive switch decides here
 
 
 class LocalSGD(NamedTuple):

@@ -82,4 +82,5 @@ def fedcm(local: LocalSGD, *, alpha: float = 0.1, server_lr: float = 1.0,
         return params, FedCMState(momentum=momentum, server=server)
 
     return base._replace(server_init=server_init, client_tx=client_tx, client_end=client_end,
+                         payload=lambda round_index: (2, 1),      # x and Delta_g down, y up
                          server_update=server_update)

@@ -43,18 +43,22 @@ as in FedDyn; equal to alpha -> 0), ``server_correction=False`` is "FedDyn w/o h
 clients; theta = gamma). Both off is FedAvg. Every variant keeps h_k (the local drift the
 paper measures, and the same state whatever the variant, so a run can switch between them).
 
-Defaults are the official code's: alpha = 1e-2, adaptive alpha. Adaptive alpha needs every
-client's n_k: pass ``client_sizes`` (e.g. the federated data's ``count``).
+Defaults are the official code's: alpha = 1e-2, adaptive alpha. The engine gives every client its
+n_k and the mean of n_j over all N clients (``ctx.num_examples``, ``ctx.mean_examples``), so
+adaptive alpha needs nothing more from the caller.
+
+``client_vectors`` exposes each client's local drift grad L_k(theta_k) = -alpha_k h_k (the
+official code's sign convention, feddyn-as-initialization.txt Figures 10b, 11, 13b), for probes
+such as ``fljax.probes.state_diversity``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, identity_loss,
@@ -69,33 +73,20 @@ class FedDynServerState(NamedTuple):
 
 
 def feddyn(local: LocalSGD, *, alpha: float = 1e-2, adaptive_alpha: bool = True,
-           client_sizes: Sequence[int] | None = None, client_regularization: bool = True,
-           server_correction: bool = True, name: str = "feddyn") -> Algorithm:
+           client_regularization: bool = True, server_correction: bool = True,
+           name: str = "feddyn") -> Algorithm:
     """FedDyn (official code) with coefficient ``alpha`` on the local optimizer ``local``."""
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"feddyn needs a LocalSGD local optimizer (its linear term is clipped "
                          f"with the loss gradient), got {type(local).__name__}")
     if not (math.isfinite(alpha) and alpha > 0):
         raise FljaxError(f"alpha must be > 0 and finite, got {alpha}")
-    alphas = None
-    if adaptive_alpha and client_regularization:
-        if client_sizes is None:
-            raise FljaxError("adaptive_alpha=True needs client_sizes (every client's number of "
-                             "examples), got None; pass it or adaptive_alpha=False")
-        sizes = np.asarray(client_sizes, np.float64)
-        if sizes.ndim != 1 or sizes.size == 0 or not np.all(sizes > 0):
-            raise FljaxError(f"client_sizes must be a non-empty list of positive counts, got "
-                             f"{client_sizes!r}")
-        alphas = alpha / (sizes / sizes.sum() * sizes.size)   # alpha / (n_k / mean n)
 
     def alpha_of(ctx: ClientContext):
-        if alphas is None:
+        """alpha_k = alpha / (n_k / mean_j n_j) (adaptive), else alpha."""
+        if not adaptive_alpha:
             return alpha
-        if len(alphas) != ctx.num_clients:
-            raise FljaxError(f"client_sizes has {len(alphas)} entries but there are "
-                             f"{ctx.num_clients} clients")
-        dtype = jax.tree.leaves(ctx.params)[0].dtype
-        return jnp.asarray(alphas, dtype)[ctx.client_id]
+        return alpha * ctx.mean_examples / ctx.num_examples.astype(ctx.mean_examples.dtype)
 
     def client_init(params):
         return jax.tree.map(jnp.zeros_like, params)                           # h_k = 0
@@ -130,6 +121,12 @@ def feddyn(local: LocalSGD, *, alpha: float = 1e-2, adaptive_alpha: bool = True,
     def eval_models(params, server_state):
         return {"global": params, "gamma": server_state.gamma}
 
+    def client_vectors(ctx: ClientContext):
+        """{'local_drift': grad L_k(theta_k) = -alpha_k h_k}."""
+        a = alpha_of(ctx)
+        return {"local_drift": jax.tree.map(lambda h: (-a * h).astype(h.dtype), ctx.client_state)}
+
     return Algorithm(name=name, server_init=server_init, client_init=client_init,
                      client_start=identity_start, client_tx=client_tx, client_loss=identity_loss,
-                     client_end=client_end, server_update=server_update, eval_models=eval_models)
+                     client_end=client_end, server_update=server_update, eval_models=eval_models,
+                     client_vectors=client_vectors)

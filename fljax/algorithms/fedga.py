@@ -80,7 +80,8 @@ def fedga(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, beta
                             weighted_sum, own_sum)
 
     return fedavg(local, server_optimizer, name=name)._replace(
-        cohort_start=cohort_start, client_start=client_start, exchanges=lambda round_index: 2)
+        cohort_start=cohort_start, client_start=client_start, exchanges=lambda round_index: 2,
+        payload=lambda round_index: (2, 2))     # x, then gbar down; g_i(x), then x_i,K up
 
 
 def gradalign(local: LocalSGD | optax.GradientTransformation | ClientOptimizer,

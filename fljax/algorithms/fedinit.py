@@ -121,7 +121,8 @@ def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") ->
     return algorithm._replace(name=f"{algorithm.name}+ri", client_init=client_init,
                               client_start=client_start, client_tx=client_tx,
                               client_loss=client_loss, client_end=client_end,
-                              cohort_start=cohort_start, client_metrics=client_metrics)
+                              cohort_start=cohort_start, client_metrics=client_metrics,
+                              client_vectors=lambda ctx: algorithm.client_vectors(view(ctx)))
 
 
 def fedinit(local: LocalSGD | optax.GradientTransformation, beta: float = 0.1,

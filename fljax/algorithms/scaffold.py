@@ -90,4 +90,6 @@ def scaffold(local: LocalSGD, *, server_lr: float = 1.0, option: str = "II",
 
     return Algorithm(name=name, server_init=_zeros, client_init=_zeros,
                      client_start=identity_start, client_tx=client_tx, client_loss=identity_loss,
-                     client_end=client_end, server_update=server_update)
+                     client_end=client_end, server_update=server_update,
+                     payload=lambda round_index: (2, 2),         # x and c down, y - x and c_i+ up
+                     client_vectors=lambda ctx: {"control_variate": ctx.client_state})

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+
+from fljax.errors import FljaxError
 
 Params = Any
 
@@ -31,19 +34,50 @@ class Model(NamedTuple):
 
 
 def from_module(name: str, module: nn.Module, input_shape: tuple[int, ...],
-                num_classes: int) -> Model:
-    """Wrap a module whose ``__call__(x, train, with_features)`` returns logits or (features, logits)."""
+                num_classes: int | None = None) -> Model:
+    """Wrap any Flax module whose ``__call__(x, ...)`` returns logits as a Model.
+
+    Optional keyword arguments of ``__call__`` are used when the module has them:
+
+    - ``train: bool`` (or ``deterministic: bool``, its negation): training mode, e.g. dropout on;
+      dropout draws from the ``'dropout'`` rng stream;
+    - ``with_features: bool``: return ``(features, logits)``, the penultimate representation
+      that MOON, FedDecorr and the feature probes need. A module without it still trains with
+      every other algorithm; ``apply_with_features`` then raises a clear error.
+
+    Floating inputs are cast to the dtype of the parameters, so a float64 model (e.g. built with
+    ``param_dtype=jnp.float64`` under ``jax_enable_x64``) computes in float64 and a float32 model in
+    float32 whatever the data's dtype. ``num_classes`` defaults to the width of the logits.
+    """
+    accepted = inspect.signature(module.__call__).parameters
+    has_features = "with_features" in accepted
 
     def init(key):
         variables = module.init(key, jnp.zeros((1, *input_shape), jnp.float32))
         return variables["params"]
 
-    def apply_with_features(params, x, train=False, rng=None):
+    def call(params, x, train, rng, with_features):
+        leaf = jax.tree.leaves(params)[0]
+        if jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(leaf.dtype, jnp.floating):
+            x = x.astype(leaf.dtype)
+        kwargs = {}
+        if "train" in accepted:
+            kwargs["train"] = train
+        elif "deterministic" in accepted:
+            kwargs["deterministic"] = not train
+        if with_features:
+            kwargs["with_features"] = True
         rngs = {"dropout": rng} if rng is not None else {}
-        return module.apply({"params": params}, x, train=train, with_features=True, rngs=rngs)
+        return module.apply({"params": params}, x, rngs=rngs, **kwargs)
+
+    def apply_with_features(params, x, train=False, rng=None):
+        if not has_features:
+            raise FljaxError(f"model {name!r} does not return features: give its __call__ a "
+                             f"'with_features' argument that makes it return (features, logits)")
+        return call(params, x, train, rng, with_features=True)
 
     def apply(params, x, train=False, rng=None):
-        return apply_with_features(params, x, train, rng)[1]
+        return call(params, x, train, rng, with_features=False)
 
     groups: list[str] = []
 
@@ -52,9 +86,12 @@ def from_module(name: str, module: nn.Module, input_shape: tuple[int, ...],
         groups.extend(params)
         return params
 
-    jax.eval_shape(record_groups, jax.random.key(0))
-    groups = tuple(groups)
-    return Model(name, init, apply, apply_with_features, groups, tuple(input_shape), num_classes)
+    abstract = jax.eval_shape(record_groups, jax.random.key(0))
+    if num_classes is None:
+        num_classes = int(jax.eval_shape(apply, abstract,
+                                         jnp.zeros((1, *input_shape), jnp.float32)).shape[-1])
+    return Model(name, init, apply, apply_with_features, tuple(groups), tuple(input_shape),
+                 num_classes)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> jax.Array:

@@ -62,6 +62,7 @@ class ConvNet(nn.Module):
 
 # name -> (builder(num_classes, conv_impl), smallest image side it accepts)
 _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], int]] = {
+    "linear": (lambda classes, impl: MLP(hidden=(), num_classes=classes), 1),
     "mlp": (lambda classes, impl: MLP(hidden=(200, 200), num_classes=classes), 1),
     "small_cnn": (lambda classes, impl: ConvNet(channels=(16, 32), hidden=(128,),
                                                 num_classes=classes, conv_impl=impl), 13),
@@ -81,6 +82,8 @@ def make_model(name: str, input_shape: Sequence[int], num_classes: int,
                conv_impl: str | None = None) -> Model:
     """Build a named model for inputs of ``input_shape`` (H, W, C) and ``num_classes`` classes.
 
+    - ``linear``: softmax (multinomial logistic) regression on the flattened input: a convex
+      model, for checks of convex theory (feddyn-as-initialization.txt Proposition 1).
     - ``mlp``: 200-200 ReLU MLP (McMahan et al. 2017's 2NN).
     - ``small_cnn``: conv5x5-16, pool, conv5x5-32, pool, fc128, fc (the 28x28 benchmark CNN).
     - ``standard_cnn``: conv5x5-64, pool, conv5x5-64, pool, fc384, fc192, fc (FedDyn / FedBug).

@@ -1,0 +1,88 @@
+"""Who takes part in a round: the cohort, its aggregation weights and every client's keys.
+
+All randomness of round t derives from ``fold_in(root key, t)``, so a resumed run samples exactly
+the clients and batches of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ("examples", "uniform")
+PARTICIPATIONS = ("uniform", "bernoulli")
+
+
+class Cohort(NamedTuple):
+    """The slots of a round: ``ids[s]`` is the client in slot s, ``joined[s]`` whether it takes
+    part (always True under uniform sampling), ``weights[s]`` its p_i (0 when it does not)."""
+
+    ids: jax.Array       # [slots] int32
+    joined: jax.Array    # [slots] bool
+    weights: jax.Array   # [slots] float: sum to 1 over the slots that joined
+    size: jax.Array      # shape=(), int32: |S^t|
+
+
+def round_key(key: jax.Array, round_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cohort key, client key) of round t, derived from the root key only."""
+    sample_key, client_key = jax.random.split(jax.random.fold_in(key, round_index))
+    return sample_key, client_key
+
+
+def client_keys(client_key: jax.Array, client_id: jax.Array) -> jax.Array:
+    """(start, batch, step) keys of one client in a round: depend on the client id, not on the
+    client's slot in the cohort or the device it runs on."""
+    return jax.random.split(jax.random.fold_in(client_key, client_id), 3)
+
+
+def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
+    """A uniformly random set of ``cohort_size`` distinct client ids, ascending."""
+    return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
+
+
+def bernoulli_cohort(key: jax.Array, num_clients: int, rate: float,
+                     num_devices: int = 1) -> tuple[jax.Array, jax.Array]:
+    """The FedDyn code's participation: each client joins independently with probability
+    ``rate``, and the draw is repeated (the key folded with the attempt) while nobody joined.
+
+    Returns (ids, joined) over all N clients: those who joined first, ascending, then the others;
+    over D devices the order is dealt round-robin, so each device gets its share of them."""
+    def draw(attempt):
+        return jax.random.uniform(jax.random.fold_in(key, attempt), (num_clients,)) < rate
+
+    _, joined = jax.lax.while_loop(lambda c: ~jnp.any(c[1]),
+                                   lambda c: (c[0] + 1, draw(c[0] + 1)), (0, draw(0)))
+    ids = jnp.argsort(~joined, stable=True).astype(jnp.int32)
+    ids = ids.reshape(num_clients // num_devices, num_devices).T.reshape(-1)
+    return ids, joined[ids]
+
+
+def cohort_weights(counts: jax.Array, aggregation: str, dtype,
+                   joined: jax.Array | None = None) -> jax.Array:
+    """p_i: n_i / sum_S n_j ('examples') or 1/|S| ('uniform'); 0 where ``joined`` is False."""
+    if joined is not None:
+        joined = joined.astype(dtype)
+        if aggregation == "uniform":
+            return joined / joined.sum()
+        counts = counts * joined
+    elif aggregation == "uniform":
+        return jnp.full(counts.shape, 1.0 / counts.shape[0], dtype)
+    counts = counts.astype(dtype)
+    return counts / counts.sum()
+
+
+def draw_cohort(key: jax.Array, counts: jax.Array, *, clients_per_round: int, participation: str,
+                aggregation: str, dtype, num_devices: int) -> Cohort:
+    """Round t's cohort from its cohort key: ``clients_per_round`` distinct clients ('uniform'),
+    or each of the N clients with probability clients_per_round / N ('bernoulli')."""
+    num_clients = counts.shape[0]
+    if participation == "bernoulli":
+        ids, joined = bernoulli_cohort(key, num_clients, clients_per_round / num_clients,
+                                       num_devices)
+        size = joined.sum()
+        return Cohort(ids, joined, cohort_weights(counts[ids], aggregation, dtype, joined), size)
+    ids = sample_cohort(key, num_clients, clients_per_round)
+    joined, size = jnp.ones(clients_per_round, bool), jnp.asarray(clients_per_round)
+    return Cohort(ids, joined, cohort_weights(counts[ids], aggregation, dtype), size)
