@@ -72,6 +72,11 @@ class ExperimentConfig:
                                    "--switch-to fedavg)")
     switch_at: int = option(0, "algorithm", "the round --switch-to takes over")
     switch_args: str = option("{}", "algorithm", "hyperparameters of --switch-to, a JSON object")
+    switch_when: str = option("{}", "algorithm", "switch to --switch-to the round after "
+                              "Proposition 1's condition holds (a JSON object of "
+                              "probes.switching_criterion's arguments, e.g. '{\"zeta\": 0.1, "
+                              "\"smoothness\": \"estimate\", \"optimum\": \"centralized\"}'; "
+                              "--switch-at unused)")
     wrappers: str = option("{}", "algorithm", "wrappers over the algorithm, a JSON object of "
                            f"their arguments by name ({', '.join(WRAPPERS)}), e.g. "
                            "'{\"relaxed_init\": {\"beta\": 0.1}}' (+RI)")
@@ -209,8 +214,13 @@ class ExperimentConfig:
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
         for name in ("server_optimizer_args", "algorithm_args", "switch_args", "wrappers",
-                     "probe_args"):
+                     "probe_args", "switch_when"):
             json_object(name, getattr(self, name))
+        if json_object("switch_when", self.switch_when) and (self.switch_to is None
+                                                             or self.switch_at != 0):
+            raise FljaxError(f"switch_when needs switch_to (the second algorithm) and no "
+                             f"switch_at, got switch_to={self.switch_to!r}, "
+                             f"switch_at={self.switch_at}")
         from fljax.probes import PROBES
         unknown = sorted(set(self.probe_names()) - set(PROBES))
         if unknown:

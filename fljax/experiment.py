@@ -138,7 +138,10 @@ def check_value(what: str, parameter: inspect.Parameter, value) -> None:
     """Raise FljaxError unless ``value`` (read from JSON) suits ``parameter``: its type is one the
     annotation names (bool, int, float, str, None; ints pass as floats; true is no number), or
     that of its default when the annotation names none of them; a float must be finite.
-    Annotations naming ``Any``, or no such type and no such default, admit any value."""
+    Annotations naming ``Any``, or no such type and no such default, admit any value, and so does
+    a check of a value JSON cannot hold (the experiment supplied it, e.g. an array)."""
+    if not isinstance(value, (bool, int, float, str, type(None), list, dict)):
+        return   # not from JSON: supplied by the experiment (e.g. an array)
     names = [] if parameter.annotation is parameter.empty else alternatives(parameter.annotation)
     kinds = {t for n in names for t in JSON_TYPES.get(n, ())}
     if "Any" in names:
@@ -196,26 +199,49 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
     return algorithm
 
 
-def build_algorithm(config: ExperimentConfig, model: Model) -> algorithms.Algorithm:
-    """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` if set, with
-    the config's wrappers."""
+def build_algorithm(config: ExperimentConfig, model: Model,
+                    data: FederatedData | None = None) -> algorithms.Algorithm:
+    """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` (or when
+    Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, with the config's
+    wrappers."""
     algorithm = make_algorithm(config.algorithm,
                                json_object("algorithm_args", config.algorithm_args),
                                config, model)
     if config.switch_to is not None:
         then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
                               config, model)
-        algorithm = algorithms.switch(algorithm, then, config.switch_at)
+        when = json_object("switch_when", config.switch_when)
+        if when:
+            criterion = call("switching_criterion", probes.switching_criterion, [],
+                             criterion_args(when, config, model, data), {}, kind="switch_when")
+            algorithm = algorithms.switch(algorithm, then, when=criterion)
+        else:
+            algorithm = algorithms.switch(algorithm, then, config.switch_at)
     return wrap(algorithm, json_object("wrappers", config.wrappers), model)
+
+
+def criterion_args(args: dict, config: ExperimentConfig, model: Model,
+                   data: FederatedData) -> dict:
+    """``switching_criterion``'s arguments with what the experiment supplies: ``"optimum":
+    "centralized"`` becomes ``centralized_optimum`` of the pooled training loss from the initial
+    model, ``"smoothness": "estimate"`` the largest Hessian eigenvalue there (``smoothness``), and
+    ``alpha`` defaults to FedDyn's (from the algorithm args, else its default)."""
+    args = dict(args)
+    initial = model.init(jax.random.PRNGKey(config.seed))
+    if args.get("optimum") == "centralized":
+        args["optimum"] = probes.centralized_optimum(model, data, initial)
+    if args.get("smoothness") == "estimate":
+        args["smoothness"] = probes.smoothness(model, data, initial)
+    args.setdefault("alpha", json_object("algorithm_args", config.algorithm_args).get(
+        "alpha", inspect.signature(algorithms.feddyn).parameters["alpha"].default))
+    return args
 
 
 def build_probes(config: ExperimentConfig, dataset: loaders.Dataset, model: Model,
                  data: FederatedData) -> list[Probe]:
     """The probes the config names, with their --probe-args. What a probe needs from the
     experiment is filled in unless given: the interaction tensor's ``points`` (the first
-    ``num_points`` test images, default 1000); the switching criterion's ``optimum`` when its
-    args say ``"optimum": "centralized"`` (``centralized_optimum`` of the pooled training loss from
-    the initial model) and ``alpha`` (FedDyn's, from the algorithm args or its default)."""
+    ``num_points`` test images, default 1000); the switching criterion's as ``criterion_args``."""
     args_of = json_object("probe_args", config.probe_args)
     result = []
     for name in config.probe_names():
@@ -223,11 +249,7 @@ def build_probes(config: ExperimentConfig, dataset: loaders.Dataset, model: Mode
         if name == "interaction_tensor":
             args.setdefault("points", dataset.x_test[:args.pop("num_points", 1000)])
         if name == "switching_criterion":
-            if args.get("optimum") == "centralized":
-                initial = model.init(jax.random.PRNGKey(config.seed))
-                args["optimum"] = probes.centralized_optimum(model, data, initial)
-            args.setdefault("alpha", json_object("algorithm_args", config.algorithm_args).get(
-                "alpha", inspect.signature(algorithms.feddyn).parameters["alpha"].default))
+            args = criterion_args(args, config, model, data)
         if name == "cosine_to" and isinstance(args.get("reference"), str):
             raise FljaxError("cosine_to needs per-client reference pseudo-gradients: use the "
                              "Python API (fljax.probes.cosine_to(last_pseudo_gradients(state)))")
@@ -266,7 +288,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                        conv_impl=config.conv_impl)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model)
-    algorithm = algorithm or build_algorithm(config, model)
+    algorithm = algorithm or build_algorithm(config, model, data)
     full_batch = config.algorithm in FULL_BATCH
     round_fn = make_round(
         algorithm, model, data, clients_per_round=config.clients_per_round,

@@ -1,4 +1,5 @@
-"""One property test swept over every algorithm the CLI knows (and a switch between two)."""
+"""One property test swept over every algorithm the CLI knows (and a switch between two), each
+with probes on."""
 
 import json
 
@@ -8,7 +9,8 @@ import pytest
 
 from fljax.config import ALGORITHMS, ExperimentConfig
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax import probes
+from fljax.engine import make_round
 from fljax.experiment import algorithm_factories, build_algorithm
 from fljax.models import MLP, from_module
 from fljax.models.heads import with_projection_head
@@ -29,13 +31,16 @@ def run(config, rounds=3):
         model = with_projection_head(model, out_dim=8)
     alg = build_algorithm(config, model)
     round_fn = make_round(alg, model, data, clients_per_round=3, batch_size=8,
-                          local_epochs=1, aggregation=config.aggregation)
-    state = init_state(alg, model.init(jax.random.PRNGKey(0)), len(sizes), seed=1)
+                          local_epochs=1, aggregation=config.aggregation,
+                          probes=[probes.pseudo_gradient_diversity(), probes.cosine_previous()])
+    state = round_fn.init_state(model.init(jax.random.PRNGKey(0)), seed=1)
     shapes = jax.tree.map(lambda a: (a.shape, a.dtype), state)
     history = []
     for _ in range(rounds):
         state, metrics = round_fn(state)
         history.append(float(metrics["train_loss"]))
+    # Probes compose with every algorithm: finite once a client has something to compare.
+    assert np.isfinite(float(metrics["pseudo_gradient_diversity"]))
     return jax.device_get(state), shapes, history, round_fn, alg
 
 

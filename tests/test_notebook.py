@@ -15,9 +15,11 @@ NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 MARKER = "FLJAX_NOTEBOOK_RESULT "
 
 
-def execute(name: str, tmp_path, monkeypatch, rounds: int, report: str) -> dict:
-    """Run notebooks/NAME with ROUNDS rounds plus a last cell printing ``report`` (a Python
-    expression over the notebook's names) as JSON; return that report."""
+def execute(name: str, tmp_path, monkeypatch, rounds: int, report: str, **env) -> dict:
+    """Run notebooks/NAME with ROUNDS rounds (and ``env``) plus a last cell printing ``report`` (a
+    Python expression over the notebook's names) as JSON; return that report."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     # A 'python3' kernelspec that runs this interpreter, found before any other on JUPYTER_PATH.
     kernelspec.install(prefix=str(tmp_path / "jupyter"), kernel_name="python3")
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
@@ -76,3 +78,23 @@ def test_new_algorithm_notebook_checks_its_algorithm_against_fedavg(tmp_path, mo
     assert report["step"] <= report["clip"] * (1 + 1e-5)
     assert report["small"] > 1e-3
     assert len(report["runs"]) == 3
+
+
+def test_feddyn_as_init_analysis_notebook_measures_every_figure(tmp_path, monkeypatch):
+    """At 2 rounds and 1 seed: every figure's runs happen and give finite measurements (the
+    verdicts in its markdown come from the full run, 60 rounds and 3 seeds)."""
+    report = execute("feddyn_as_init_analysis.ipynb", tmp_path, monkeypatch, rounds=2,
+                     FLJAX_NOTEBOOK_SEEDS="1",
+                     report="{'fig1': {k: [float(r['pseudo_gradient_diversity'][-1]), "
+                            "float(r['cosine_to_last'][0]), r['accuracy'][ROUNDS]] "
+                            "for k, v in fig1.items() for r in v}, "
+                            "'drift': {k: [v['local_drift_diversity'][0], "
+                            "v['pseudo_gradient_diversity'][0]] for k, v in drift.items()}, "
+                            "'clusters': {k: v[0.5] for k, v in clusters.items()}}")
+    assert sorted(report["fig1"]) == sorted(["FedAvg", "FedDyn", "SCAFFOLD", "FedNTD", "MOON",
+                                             "FedDyn->FedAvg"])
+    for diversity, cosine, accuracy in report["fig1"].values():
+        assert diversity > 0 and -1 <= cosine <= 1 and 0 <= accuracy <= 1
+    assert len(report["drift"]) == 6
+    assert all(v > 0 for pair in report["drift"].values() for v in pair)
+    assert all(20 <= c[0] <= 240 for c in report["clusters"].values())

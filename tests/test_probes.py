@@ -433,8 +433,9 @@ def test_adaptive_switch_on_softmax_regression_matches_float64_reference():
 
 
 def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
-    """Probe state (per-client previous pseudo-gradients) is checkpointed: 2 rounds, then a resume
-    to 4, logs what 4 uninterrupted rounds log; ``fljax plot --metrics`` draws a probe."""
+    """Probe state (per-client previous pseudo-gradients) and the adaptive switch's state are
+    checkpointed: 2 rounds, then a resume to 4, logs what 4 uninterrupted rounds log (the
+    criterion first holds after round 3 here); ``fljax plot --metrics`` draws a probe."""
     from fljax.plot import plot_runs
     from fljax.train import run
 
@@ -444,7 +445,8 @@ def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
 
     base = fljax.ExperimentConfig(algorithm="feddyn", rounds=4, eval_every=2, checkpoint_every=2,
                                   num_clients=8, clients_per_round=4, local_steps=2,
-                                  local_epochs=None,
+                                  local_epochs=None, switch_to="fedavg",
+                                  switch_when='{"zeta": 100, "smoothness": 1.0}',
                                   probes="pseudo_gradient_diversity,cosine_previous,all_model")
     whole = base.replace(out_dir=str(tmp_path / "whole"))
     run(whole, progress=False)
@@ -453,6 +455,8 @@ def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
     run(parted, progress=False)
     np.testing.assert_equal(records(parted.out_dir), records(whole.out_dir))
     assert np.isfinite(records(whole.out_dir)[-1]["cosine_previous"])
+    switched = [r["switched"] for r in records(whole.out_dir) if r["kind"] == "round"]
+    assert switched == [0.0, 0.0, 1.0, 1.0]              # FedAvg runs round 4
     out = plot_runs([whole.out_dir, parted.out_dir], str(tmp_path / "p.png"),
                     ["accuracy", "pseudo_gradient_diversity", "all_model/accuracy"])
     assert os.path.getsize(out) > 0
