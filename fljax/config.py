@@ -15,7 +15,7 @@ from fljax.engine import PARTICIPATIONS
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 
-PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
               "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr",
               "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile")
@@ -40,13 +40,15 @@ class ExperimentConfig:
     """Every knob of one federated experiment. Defaults: the README's main job. Each field's
     metadata holds its --help group and text."""
 
-    dataset: str = option("digits", "data", "'digits' (embedded), a tensorflow-datasets name "
-                          "prepared in --data-dir, or an .npz file holding x_train, y_train, "
-                          "x_test, y_test")
+    dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
+                          "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); a "
+                          "tensorflow-datasets name prepared in --data-dir; or an .npz file "
+                          "holding x_train, y_train, x_test, y_test")
     data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
                                   "data (fljax never downloads)")
     partition: str = option("dirichlet", "data", "how the training set is split among the "
-                            f"clients: one of {', '.join(PARTITIONS)}")
+                            f"clients: one of {', '.join(PARTITIONS)} (natural: one client per "
+                            "user, for datasets with users)")
     dirichlet_alpha: float = option(0.3, "data", "Dirichlet concentration of the label skew "
                                     "(dirichlet, dirichlet_balanced); smaller is more skewed. "
                                     "FedDyn's alpha goes in --algorithm-args", "--alpha")

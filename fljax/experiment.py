@@ -41,8 +41,15 @@ class Experiment(NamedTuple):
     evaluate_users: Callable | None = None   # personalized evaluation (fljax.personalize)
 
 
-def split_clients(config: ExperimentConfig, labels: np.ndarray) -> list[np.ndarray]:
-    """The partition named by the config."""
+def split_clients(config: ExperimentConfig, labels: np.ndarray,
+                  users: np.ndarray | None = None) -> list[np.ndarray]:
+    """The partition named by the config; 'natural' takes the dataset's users (one client each)."""
+    if config.partition == "natural":
+        if users is None:
+            raise FljaxError(f"partition 'natural' needs a dataset that comes with its users "
+                             f"(e.g. synthetic_1_1); {config.dataset!r} has none, so split it "
+                             f"with another partition")
+        return partition.natural(users, config.num_clients)
     if config.partition == "iid":
         return partition.iid(labels, config.num_clients, seed=config.seed)
     if config.partition == "dirichlet":
@@ -272,7 +279,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         raise FljaxError(f"batch_size ({config.batch_size}) must be <= the number of training "
                          f"examples ({len(dataset.y_train)}), or 0 for each client's whole "
                          f"local dataset")
-    parts = split_clients(config, dataset.y_train)
+    parts = split_clients(config, dataset.y_train, dataset.user_train)
     users = None
     if config.user_test_fraction > 0:
         users = split_users(parts, new_fraction=config.new_users, seed=config.seed,

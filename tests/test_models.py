@@ -69,3 +69,38 @@ def test_bad_model_arguments():
         make_model("small_cnn", (28, 28, 1), 10, conv_impl="cudnn")
     with pytest.raises(FljaxError, match="at least 13x13"):
         make_model("small_cnn", (8, 8, 1), 10)
+
+
+def test_cnn1d_is_the_mnist1d_cnn():
+    """ConvBase of the mnist1d code: torch Conv1d(1, 25, 5, stride 2, padding 1), two
+    Conv1d(25, 25, 3, stride 2, padding 1), ReLUs, Linear(125, 10); checked against numpy."""
+    model = make_model("cnn1d", (40, 1), 10)
+    assert model.groups == ("conv1", "conv2", "conv3", "linear")
+    params = model.init(jax.random.PRNGKey(0))
+    assert num_params(params) == 5_210
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (3, 40, 1)), np.float64)
+    h = x
+    for name in ("conv1", "conv2", "conv3"):
+        kernel = np.asarray(params[name]["kernel"], np.float64)[:, 0]   # [k, C_in, C_out]
+        padded = np.pad(h, ((0, 0), (1, 1), (0, 0)))
+        length = (padded.shape[1] - len(kernel)) // 2 + 1
+        h = np.maximum(0, np.stack([np.einsum("nkc,kco->no", padded[:, 2 * t:2 * t + len(kernel)],
+                                              kernel) for t in range(length)], axis=1)
+                       + np.asarray(params[name]["bias"]))
+    assert h.shape == (3, 5, 25)
+    features = h.reshape(3, -1)
+    logits = features @ np.asarray(params["linear"]["kernel"]) + np.asarray(params["linear"]["bias"])
+    for impl in ("im2col", "xla"):
+        got_features, got_logits = make_model("cnn1d", (40, 1), 10, conv_impl=impl
+                                              ).apply_with_features(params, x.astype(np.float32))
+        np.testing.assert_allclose(got_features, features, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got_logits, logits, rtol=1e-4, atol=1e-5)
+
+
+def test_input_shapes_by_model_kind():
+    assert make_model("mlp", (60,), 10).input_shape == (60,)           # Synthetic's vectors
+    assert make_model("linear", (40, 1), 10).input_shape == (40, 1)
+    with pytest.raises(FljaxError, match=r"signals \[L, C\] of length at least 3, got \(8, 8, 1\)"):
+        make_model("cnn1d", (8, 8, 1), 10)
+    with pytest.raises(FljaxError, match="at least 13x13 pixels, got \\(40, 1\\)"):
+        make_model("small_cnn", (40, 1), 10)

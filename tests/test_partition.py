@@ -1,3 +1,4 @@
+import re
 import time
 
 import numpy as np
@@ -152,4 +153,25 @@ def test_bad_inputs_raise(call, bad):
     with pytest.raises(FljaxError) as info:
         call()
     assert bad in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_natural_gives_each_user_its_examples():
+    users = np.array([2, 0, 1, 2, 2, 0, 1, 1, 2], np.int32)
+    parts = P.natural(users, 3)
+    assert [p.tolist() for p in parts] == [[1, 5], [2, 6, 7], [0, 3, 4, 8]]
+    assert all(p.dtype == np.int64 for p in parts)
+    assert P.natural(users, 3)[2].tolist() == parts[2].tolist()  # no randomness
+
+
+@pytest.mark.parametrize("users, num_clients, message", [
+    (np.array([0, 1, 1, 2]), 4, "num_clients must be the dataset's 3 users, got 4"),
+    (np.array([0, 2, 2]), 3, "user 1 has none"),
+    (np.array([0.0, 1.0]), 2, "integer"),
+    (np.array([0, -1]), 2, ">= 0, got -1"),
+    (np.zeros(0, np.int32), 1, "non-empty"),
+])
+def test_natural_bad_users(users, num_clients, message):
+    with pytest.raises(FljaxError, match=re.escape(message)) as info:
+        P.natural(users, num_clients)
     assert "\n" not in str(info.value)

@@ -36,6 +36,9 @@ def flip_and_crop(pad: int = 4, flip_probability: float = 0.5,
         raise FljaxError(f"pad must be an integer >= 0, got {pad!r}")
 
     def augment(key: jax.Array, x: jax.Array) -> jax.Array:
+        if x.ndim != 4:
+            raise FljaxError(f"augmentation flip_crop works on images [B, H, W, C], got batches "
+                             f"of shape {tuple(x.shape)}")
         n, h, w, c = x.shape
         flip_key, crop_key, offset_key = jax.random.split(key, 3)
         flip = jax.random.bernoulli(flip_key, flip_probability, (n, 1, 1, 1))

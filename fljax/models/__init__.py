@@ -5,9 +5,9 @@ from fljax.models.model import Model, cross_entropy, from_module, num_params
 from fljax.models.resnet import BasicBlock, ResNet, cifar_resnet, torchvision_resnet
 from fljax.models.unfreeze import UNFREEZE_UNITS, unfreeze_units
 from fljax.models.vgg import VGG
-from fljax.models.zoo import MODEL_NAMES, ConvNet, MLP, make_model
+from fljax.models.zoo import MODEL_NAMES, ConvNet, ConvNet1D, MLP, make_model
 
-__all__ = ["BasicBlock", "CONV_IMPLS", "ConvNet", "MLP", "MODEL_NAMES", "Model", "ResNet",
-           "UNFREEZE_UNITS", "VGG", "cifar_resnet", "cross_entropy", "default_conv_impl",
+__all__ = ["BasicBlock", "CONV_IMPLS", "ConvNet", "ConvNet1D", "MLP", "MODEL_NAMES", "Model",
+           "ResNet", "UNFREEZE_UNITS", "VGG", "cifar_resnet", "cross_entropy", "default_conv_impl",
            "from_module", "im2col_conv", "make_model", "max_pool", "num_params",
            "torchvision_resnet", "unfreeze_units"]

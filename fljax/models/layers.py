@@ -115,6 +115,17 @@ def conv(features: int, kernel: int, impl: str, name: str, *, stride: int = 1, p
                    conv_general_dilated=conv_function(impl), name=name)
 
 
+def conv1d(features: int, kernel: int, fan_in: int, impl: str, name: str, *, stride: int = 1,
+           padding: int = 0) -> nn.Conv:
+    """torch ``Conv1d(kernel, stride, padding)`` with its default init, applied to a signal laid
+    out as [N, L, 1, C]: a (kernel x 1) 2-D convolution, so the im2col primitive serves it too.
+    ``fan_in`` is in_channels * kernel (the bias init's bound)."""
+    return nn.Conv(features, (kernel, 1), strides=(stride, 1),
+                   padding=((padding, padding), (0, 0)), kernel_init=torch_kernel_init(),
+                   bias_init=torch_bias_init(fan_in), conv_general_dilated=conv_function(impl),
+                   name=name)
+
+
 def dense(features: int, fan_in: int, name: str, kernel_init=None) -> nn.Dense:
     """torch ``Linear(fan_in, features)``; the kernel defaults to PyTorch's default init."""
     return nn.Dense(features, kernel_init=kernel_init or torch_kernel_init(),

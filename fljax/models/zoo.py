@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 import flax.linen as nn
 
 from fljax.errors import FljaxError
-from fljax.models.layers import conv, default_conv_impl, dense, max_pool, torch_bias_init
+from fljax.models.layers import (conv, conv1d, default_conv_impl, dense, max_pool,
+                                 torch_bias_init)
 from fljax.models.model import Model, from_module
 from fljax.models.resnet import cifar_resnet, torchvision_resnet
 from fljax.models.vgg import VGG
@@ -60,27 +61,57 @@ class ConvNet(nn.Module):
         return (x, logits) if with_features else logits
 
 
-# name -> (builder(num_classes, conv_impl), smallest image side it accepts)
-_MODELS: dict[str, tuple[Callable[[int, str], nn.Module], int]] = {
-    "linear": (lambda classes, impl: MLP(hidden=(), num_classes=classes), 1),
-    "mlp": (lambda classes, impl: MLP(hidden=(200, 200), num_classes=classes), 1),
+class ConvNet1D(nn.Module):
+    """1-D conv(k, stride 2, padding 1) -> ReLU per (channels, kernel) pair; flatten; linear.
+
+    On [N, L, C] signals. The MNIST-1D CNN (Greydanus 2020, ``ConvBase`` of the mnist1d code):
+    three 25-channel convolutions with kernels 5, 3, 3, then one linear layer, 5,210 parameters
+    for 40-sample signals (lengths 40 -> 19 -> 10 -> 5) and 10 classes. The features are the
+    flattened output of the last convolution (position-major, where torch's view is
+    channel-major: the linear layer's inputs are permuted, the model class is the same).
+    """
+
+    channels: Sequence[int]
+    kernels: Sequence[int]
+    num_classes: int
+    conv_impl: str = "im2col"
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, with_features: bool = False):
+        x = x[:, :, None, :]   # [N, L, 1, C]
+        for i, (width, kernel) in enumerate(zip(self.channels, self.kernels)):
+            x = nn.relu(conv1d(width, kernel, kernel * x.shape[-1], self.conv_impl,
+                               f"conv{i + 1}", stride=2, padding=1)(x))
+        x = x.reshape(x.shape[0], -1)
+        logits = dense(self.num_classes, x.shape[-1], "linear")(x)
+        return (x, logits) if with_features else logits
+
+
+# name -> (builder(num_classes, conv_impl), smallest spatial input shape it accepts: (H, W) of
+# images [H, W, C], (L,) of signals [L, C], or None for any input, flattened)
+_MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None]] = {
+    "linear": (lambda classes, impl: MLP(hidden=(), num_classes=classes), None),
+    "mlp": (lambda classes, impl: MLP(hidden=(200, 200), num_classes=classes), None),
     "small_cnn": (lambda classes, impl: ConvNet(channels=(16, 32), hidden=(128,),
-                                                num_classes=classes, conv_impl=impl), 13),
+                                                num_classes=classes, conv_impl=impl), (13, 13)),
     "standard_cnn": (lambda classes, impl: ConvNet(channels=(64, 64), hidden=(384, 192),
-                                                   num_classes=classes, conv_impl=impl), 13),
+                                                   num_classes=classes, conv_impl=impl), (13, 13)),
     "emnist_cnn": (lambda classes, impl: ConvNet(channels=(32, 64), hidden=(),
-                                                 num_classes=classes, conv_impl=impl), 16),
-    "resnet18_gn": (lambda classes, impl: torchvision_resnet((2, 2, 2, 2), classes, impl), 1),
-    "resnet34_gn": (lambda classes, impl: torchvision_resnet((3, 4, 6, 3), classes, impl), 1),
-    "resnet20": (lambda classes, impl: cifar_resnet(3, classes, impl), 1),
-    "vgg11": (lambda classes, impl: VGG(num_classes=classes, conv_impl=impl), 32),
+                                                 num_classes=classes, conv_impl=impl), (16, 16)),
+    "resnet18_gn": (lambda classes, impl: torchvision_resnet((2, 2, 2, 2), classes, impl), (1, 1)),
+    "resnet34_gn": (lambda classes, impl: torchvision_resnet((3, 4, 6, 3), classes, impl), (1, 1)),
+    "resnet20": (lambda classes, impl: cifar_resnet(3, classes, impl), (1, 1)),
+    "vgg11": (lambda classes, impl: VGG(num_classes=classes, conv_impl=impl), (32, 32)),
+    "cnn1d": (lambda classes, impl: ConvNet1D(channels=(25, 25, 25), kernels=(5, 3, 3),
+                                              num_classes=classes, conv_impl=impl), (3,)),
 }
 MODEL_NAMES = tuple(_MODELS)
 
 
 def make_model(name: str, input_shape: Sequence[int], num_classes: int,
                conv_impl: str | None = None) -> Model:
-    """Build a named model for inputs of ``input_shape`` (H, W, C) and ``num_classes`` classes.
+    """Build a named model for inputs of ``input_shape`` and ``num_classes`` classes: images
+    (H, W, C) for the 2-D CNNs, signals (L, C) for ``cnn1d``, any shape for ``linear``/``mlp``.
 
     - ``linear``: softmax (multinomial logistic) regression on the flattened input: a convex
       model, for checks of convex theory (feddyn-as-initialization.txt Proposition 1).
@@ -93,14 +124,20 @@ def make_model(name: str, input_shape: Sequence[int], num_classes: int,
       GroupNorm(2, C) (FedInit's ResNet-18-GN, FedBug, FedDyn as initialization on Tiny-ImageNet).
     - ``resnet20``: CIFAR ResNet-20 with GroupNorm(2, C) (FedDyn as initialization, CIFAR-100).
     - ``vgg11``: VGG-11 for 32x32 inputs (FedInit, FedDyn as initialization on CIFAR-10).
+    - ``cnn1d``: conv5-25, conv3-25, conv3-25 (stride 2, ReLU), linear: the MNIST-1D CNN
+      (5,210 parameters on 40-sample signals, 10 classes).
     ``conv_impl`` is 'im2col' or 'xla'; the default is the fast one for the current backend.
     """
     if name not in _MODELS:
         raise FljaxError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")
-    build, min_side = _MODELS[name]
-    if min(input_shape[:2]) < min_side:
-        raise FljaxError(f"model {name!r} needs images of at least {min_side}x{min_side} pixels, "
-                         f"got {tuple(input_shape)}; use model 'mlp' for small inputs such as "
-                         f"digits")
+    build, least = _MODELS[name]
+    if least is not None and (len(input_shape) != len(least) + 1 or
+                              any(s < m for s, m in zip(input_shape, least))):
+        if len(least) == 2:
+            raise FljaxError(f"model {name!r} needs images [H, W, C] of at least "
+                             f"{least[0]}x{least[1]} pixels, got {tuple(input_shape)}; use model "
+                             f"'mlp' for small inputs such as digits")
+        raise FljaxError(f"model {name!r} needs signals [L, C] of length at least {least[0]}, "
+                         f"got {tuple(input_shape)}")
     module = build(num_classes, conv_impl or default_conv_impl())
     return from_module(name, module, tuple(input_shape), num_classes)
