@@ -5,17 +5,20 @@ state, every client's state) and the config as JSON. Orbax writes each one into 
 directory and renames it only when complete, so a kill at any moment leaves the previous
 checkpoints readable; leftover temporary directories are removed on the next start. Saving is
 synchronous: the round after a save donates the state's buffers, so they must be on disk first.
+A checkpoint that cannot be read (damaged on disk) is passed over for the newest one that can.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import sys
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from fljax.config import current_names
 from fljax.errors import FljaxError
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
@@ -24,11 +27,22 @@ RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_ev
                                "target_accuracy"})
 
 
+class Damaged(FljaxError):
+    """Checkpoint ``round`` cannot be read (its config or its state)."""
+
+    def __init__(self, round_index: int, message: str):
+        super().__init__(message)
+        self.round = round_index
+
+
 class Checkpoints:
     """The checkpoints of one run directory."""
 
     def __init__(self, out_dir: str, keep: int = 3):
         self.directory = os.path.abspath(os.path.join(out_dir, "checkpoints"))
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise FljaxError(f"{self.directory!r} is not a directory, so it cannot hold the "
+                             f"run's checkpoints; move it away or use another --out-dir")
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
                                                enable_async_checkpointing=False)
         try:
@@ -47,13 +61,14 @@ class Checkpoints:
         self._manager.wait_until_finished()
 
     def saved_config(self, round_index: int) -> dict[str, Any]:
+        """The config saved with checkpoint ``round_index``; Damaged if it cannot be read."""
         try:
             restored = self._manager.restore(round_index, args=ocp.args.Composite(
                 config=ocp.args.JsonRestore()))
         except Exception as e:
-            raise FljaxError(f"checkpoint {round_index} in {self.directory!r} has no readable "
-                             f"fljax config ({_first_line(e)}); it was not written by fljax or is "
-                             f"damaged: use --fresh or another --out-dir") from None
+            raise Damaged(round_index, f"checkpoint {round_index} in {self.directory!r} is "
+                          f"damaged or was not written by fljax: its config cannot be read "
+                          f"({_first_line(e)})") from None
         return dict(restored.config)
 
     def restore(self, round_index: int, like: Any, config: dict[str, Any],
@@ -61,10 +76,12 @@ class Checkpoints:
         """The state saved at ``round_index``, checked against this experiment first.
 
         ``like`` is a pytree of arrays or ShapeDtypeStructs with the expected structure;
-        ``defaults`` are the values of config fields newer than the checkpoint.
+        ``defaults`` are the values of config fields newer than the checkpoint. Raises FljaxError
+        for another experiment's checkpoint, Damaged for one that cannot be read.
         """
         check_same_experiment(self.saved_config(round_index), config, self.directory, defaults)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
+        _ignore_abandoned_reads()
         error = None
         for older in (abstract, *_without_new_empty_fields(abstract)):
             try:
@@ -75,8 +92,41 @@ class Checkpoints:
                 continue
             return type(like)(*restored.state, *like[len(older):]) if older is not abstract \
                 else restored.state
-        raise FljaxError(f"checkpoint {round_index} in {self.directory!r} does not fit this "
-                         f"experiment's state: {_first_line(error)}") from None
+        raise Damaged(round_index, f"checkpoint {round_index} in {self.directory!r} is damaged "
+                      f"or was written by another version of fljax: its state cannot be read "
+                      f"({_first_line(error)})") from None
+
+    def restore_latest(self, like: Any, config: dict[str, Any],
+                       defaults: dict[str, Any] | None = None) -> tuple[int | None, Any, list]:
+        """``(round, state, damaged)``: the newest checkpoint that restores (see :meth:`restore`)
+        and the Damaged errors of the newer ones; ``(None, None, [])`` without checkpoints.
+
+        Raises FljaxError if a checkpoint is from another experiment or none can be read.
+        """
+        damaged = []
+        for round_index in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                return round_index, self.restore(round_index, like, config, defaults), damaged
+            except Damaged as e:
+                damaged.append(e)
+        if damaged:
+            older = (f" (nor can the {len(damaged) - 1} older one(s))" if len(damaged) > 1
+                     else "")
+            raise FljaxError(f"{damaged[0]}{older}; use --fresh to start over or another "
+                             f"--out-dir")
+        return None, None, []
+
+    def set_aside(self, round_index: int, where: str) -> str:
+        """Move checkpoint ``round_index`` out of the checkpoints, into a new directory under
+        ``where``; returns that directory."""
+        os.makedirs(where, exist_ok=True)
+        target, copy = os.path.join(where, str(round_index)), 0
+        while os.path.exists(target):
+            copy += 1
+            target = os.path.join(where, f"{round_index}.{copy}")
+        os.rename(os.path.join(self.directory, str(round_index)), target)
+        self._manager.reload()
+        return target
 
     def close(self) -> None:
         self._manager.close()
@@ -101,9 +151,10 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
     """Raise FljaxError naming the first config value that differs, other than RESUMABLE_CHANGES.
 
     A field missing from the saved config (added to fljax after the checkpoint was written) counts
-    as its value in ``defaults``: a new field's default keeps the old behaviour.
+    as its value in ``defaults``: a new field's default keeps the old behaviour; a renamed field
+    counts under its current name.
     """
-    saved = {**(defaults or {}), **saved}
+    saved = {**(defaults or {}), **current_names(saved)}
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES:
             continue
@@ -111,6 +162,27 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
             raise FljaxError(f"the checkpoint in {where!r} is from a different experiment: {key} "
                              f"is {saved.get(key)!r} there and {current.get(key)!r} here; use "
                              f"--fresh to start over or another --out-dir")
+
+
+def _ignore_abandoned_reads() -> None:
+    """Drop the reports of the reads orbax abandons when it gives up on a damaged checkpoint.
+
+    Orbax stops at the first failed read and closes its event loop; the reads still in flight
+    then report ``RuntimeError('Event loop is closed')`` as unraisable exceptions, from background
+    threads, possibly after the program has reported the error. Those reports (and only those)
+    are dropped, from the first restore on.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "ignores_abandoned_reads", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.ignores_abandoned_reads = True
+    sys.unraisablehook = hook
 
 
 def _first_line(error: Exception) -> str:

@@ -1,43 +1,101 @@
 """Command line.
 
     fljax [--config FILE] [--fresh] [--flag VALUE ...]   run one experiment (resumes by default)
+    fljax algorithms [NAME]                              the algorithms, their hyperparameters
     fljax plot RUN_DIR [RUN_DIR ...] [--out FILE.png]    accuracy and loss curves of runs
     fljax sweep FILE [--scale cpu] [--out-dir DIR]        a paper's table: a grid of runs
 
 Every ExperimentConfig field is a flag (``--clients-per-round 10``). Bad values exit with code 2
-and one line naming the value and what is allowed; Ctrl-C saves a checkpoint and exits with 130.
+and one line naming the value and what is allowed. Ctrl-C exits with code 130 and one line at any
+moment: at once while nothing is being written (start-up), else after the current round, with a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
+import signal
 import sys
+import threading
 
-from fljax.config import ExperimentConfig, load_config
 from fljax.errors import FljaxError
 
 
+@contextlib.contextmanager
+def _ctrl_c_exits(message: str):
+    """While inside, Ctrl-C prints ``fljax: MESSAGE`` and exits with code 130 at once: no
+    traceback, and nothing a half-done import or exception could leave behind. Only for spans
+    that write nothing; the runner catches Ctrl-C itself while it writes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        os.write(2, f"fljax: {message}\n".encode())
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with fljax's errors: one line ``fljax: error: ...`` and exit code 2 (the usage
+    is in --help)."""
+
+    def error(self, message: str):
+        raise FljaxError(message)
+
+
 def _run_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fljax", description="Run one federated experiment "
-                                     "(see also: fljax plot --help).")
-    parser.add_argument("--config", help="JSON file of config values; flags override it")
-    parser.add_argument("--fresh", action="store_true",
-                        help="start over, deleting the checkpoints in --out-dir")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    """The flags of a run: one per ExperimentConfig field, grouped, each with its default."""
+    from fljax.config import ALGORITHMS, GROUPS, ExperimentConfig
+
+    parser = _Parser(
+        prog="fljax", description="Run one federated experiment; the same command again resumes "
+        "it. Other commands: fljax algorithms [NAME] (the algorithms and their hyperparameters), "
+        "fljax plot --help, fljax sweep --help.",
+        epilog=f"algorithms: {', '.join(ALGORITHMS)}")
+    parser.add_argument("--config", metavar="FILE",
+                        help="JSON file of config values, keyed by the flag names with _ "
+                             "for - (clients_per_round); flags override it")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    groups["output"].add_argument("--fresh", action="store_true",
+                                  help="start over, deleting the checkpoints in --out-dir")
+    groups["output"].add_argument("--quiet", action="store_true", help="no progress bar")
     for field in dataclasses.fields(ExperimentConfig):
-        flag = "--" + field.name.replace("_", "-")
+        flags = ["--" + field.name.replace("_", "-"), *field.metadata["aliases"]]
+        text = f"{field.metadata['help']} (default: {_shown(field.default)})".replace("%", "%%")
+        group = groups[field.metadata["group"]]
         kinds = [t.strip() for t in field.type.split("|")]
         if "bool" in kinds:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(*flags, dest=field.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=text)
         else:
             kind = int if "int" in kinds else float if "float" in kinds else str
-            parser.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper())
+            group.add_argument(*flags, dest=field.name, type=kind, default=None,
+                               metavar=kind.__name__.upper(), help=text)
     return parser
 
 
+def _shown(value) -> str:
+    """A default as --help shows it."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
 def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namespace]:
+    from fljax.config import ExperimentConfig, load_config
+
     args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
@@ -51,18 +109,72 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     return config.validate(), args
 
 
+def _algorithms(argv: list[str]) -> int:
+    """``fljax algorithms``: every algorithm and wrapper with its hyperparameters and defaults;
+    ``fljax algorithms NAME``: NAME's update rule (its module's docstring) and hyperparameters."""
+    import inspect
+    import textwrap
+
+    from fljax import algorithms
+    from fljax.config import ALGORITHMS, WRAPPERS
+    from fljax.experiment import hyperparameters
+
+    parser = _Parser(prog="fljax algorithms", description="List the algorithms and wrappers with "
+                     "their hyperparameters, or show one's update rule and hyperparameters.")
+    parser.add_argument("name", nargs="?", help="an algorithm or wrapper")
+    name = parser.parse_args(argv).name
+
+    def setting(p: inspect.Parameter) -> str:
+        return f"{p.name} (required)" if p.default is p.empty else \
+            f"{p.name}={json.dumps(p.default)}"
+
+    if name is None:
+        for title, names in ((f"Algorithms: fljax --algorithm NAME --algorithm-args "
+                              f"'{{\"KEY\": VALUE}}'", ALGORITHMS),
+                             (f"Wrappers over any algorithm: fljax --wrappers "
+                              f"'{{\"NAME\": {{\"KEY\": VALUE}}}}'", WRAPPERS)):
+            print(title)
+            for each in names:
+                doc = inspect.getdoc(getattr(algorithms, each)).split("\n\n")[0]
+                lines = [" ".join(doc.split()), ", ".join(map(setting, hyperparameters(each)))
+                         or "(no hyperparameters)"]
+                print(f"  {each}")
+                for line in lines:
+                    print(textwrap.fill(line, 100, initial_indent=" " * 6,
+                                        subsequent_indent=" " * 6))
+            print()
+        print("The local optimizer (--lr, --lr-decay, --momentum, --weight-decay, --clip-norm), "
+              "--server-lr and\n--server-optimizer are flags. fljax algorithms NAME: the update "
+              "rule and hyperparameters of NAME.")
+        return 0
+    if name not in ALGORITHMS + WRAPPERS:
+        raise FljaxError(f"unknown algorithm or wrapper {name!r}; choose one of "
+                         f"{list(ALGORITHMS + WRAPPERS)}")
+    factory, settings = getattr(algorithms, name), hyperparameters(name)
+    flag = "--algorithm-args" if name in ALGORITHMS else f"--wrappers '{{\"{name}\": {{...}}}}'"
+    print(f"{name}: {sys.modules[factory.__module__].__doc__.strip()}\n")
+    print(f"fljax.algorithms.{name}: {inspect.getdoc(factory)}\n")
+    print(f"Hyperparameters ({flag}):" if settings else "No hyperparameters: the flags set it all.")
+    for p in settings:
+        kind = "" if p.annotation is p.empty else f": {p.annotation}"
+        print(f"  {p.name}{kind}" + (" (required)" if p.default is p.empty else
+                                     f" = {json.dumps(p.default)}"))
+    return 0
+
+
 def _plot(argv: list[str]) -> int:
     from fljax.plot import plot_runs
 
-    parser = argparse.ArgumentParser(prog="fljax plot", description="Plot test accuracy and "
-                                     "train loss per round of one or more run directories.")
+    parser = _Parser(prog="fljax plot", description="Plot test accuracy and train loss per round "
+                     "of one or more run directories.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--out", default="fljax_plot.png", help="PNG file to write")
     parser.add_argument("--metrics", help="comma-separated metrics to draw, one panel each "
                         "(default: accuracy,train_loss), e.g. pseudo_gradient_diversity")
     args = parser.parse_args(argv)
     metrics = args.metrics.split(",") if args.metrics else None
-    print(plot_runs(args.run_dirs, args.out, metrics))
+    with _ctrl_c_exits("interrupted; no plot was written"):
+        print(plot_runs(args.run_dirs, args.out, metrics))
     return 0
 
 
@@ -70,11 +182,11 @@ def _sweep(argv: list[str]) -> int:
     import jax
 
     from fljax import sweep
-    from fljax.train import RunInterrupted, run
+    from fljax.train import RunInterrupted, run, write_file
 
-    parser = argparse.ArgumentParser(prog="fljax sweep", description="Run every cell of a sweep "
-                                     "file (rows x columns x seeds; see fljax/sweep.py) and "
-                                     "write its table of final test accuracies.")
+    parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep file (rows x "
+                     "columns x seeds; see fljax/sweep.py) and write its table of final test "
+                     "accuracies.")
     parser.add_argument("file")
     parser.add_argument("--scale", help="one of the file's scales (e.g. cpu, full)")
     parser.add_argument("--out-dir", help="where the runs go (default: runs/FILE_NAME)")
@@ -93,17 +205,18 @@ def _sweep(argv: list[str]) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     changes = sweep.parse_settings(args.set)
     cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, **changes)
-    try:
-        results = sweep.run_sweep(spec, cell_list,
-                                  lambda config: run(config, progress=not args.quiet))
-    except RunInterrupted as e:
-        print(f"fljax: {e}", file=sys.stderr)
-        return 130
-    text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
-        spec, results, args.scale)
-    path = os.path.join(out_dir, args.scale or "base", "results.md")
-    with open(path, "w") as f:
-        f.write(text + "\n")
+    with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
+                       "command again to continue"):
+        try:
+            results = sweep.run_sweep(spec, cell_list,
+                                      lambda config: run(config, progress=not args.quiet))
+        except RunInterrupted as e:
+            print(f"fljax: {e}", file=sys.stderr)
+            return 130
+        text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
+            spec, results, args.scale)
+        path = os.path.join(out_dir, args.scale or "base", "results.md")
+        write_file(path, text + "\n")
     print(text + f"\n\nwritten to {path}")
     return 0
 
@@ -117,20 +230,23 @@ def _run(argv: list[str]) -> int:
     except RunInterrupted as e:
         print(f"fljax: {e}", file=sys.stderr)
         return 130
-    print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
-                        f"{config.partition} split over {config.num_clients} clients, "
-                        f"{config.clients_per_round} per round; log: {config.out_dir}/metrics.jsonl",
-                        config.target_accuracy))
+    with _ctrl_c_exits("interrupted after the run finished; everything is saved"):
+        print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
+                            f"{config.partition} split over {config.num_clients} clients, "
+                            f"{config.clients_per_round} per round; log: "
+                            f"{config.out_dir}/metrics.jsonl", config.target_accuracy))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv``; returns the exit code (2: bad input, 130: Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        commands = {"plot": _plot, "sweep": _sweep}
-        if argv[:1] and argv[0] in commands:
-            return commands[argv[0]](argv[1:])
-        return _run(argv)
-    except FljaxError as e:
-        print(f"fljax: error: {e}", file=sys.stderr)
-        return 2
+    with _ctrl_c_exits("interrupted during start-up; nothing was written"):
+        try:
+            commands = {"algorithms": _algorithms, "plot": _plot, "sweep": _sweep}
+            if argv[:1] and argv[0] in commands:
+                return commands[argv[0]](argv[1:])
+            return _run(argv)
+        except FljaxError as e:
+            print(f"fljax: error: {e}", file=sys.stderr)
+            return 2

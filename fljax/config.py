@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -21,81 +22,133 @@ ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "f
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI).
 WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init")
+MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
+# The --help groups of the config fields, in order.
+GROUPS = ("data", "model", "algorithm", "local training", "server", "evaluation", "output", "run")
+RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
+
+
+def option(default: Any, group: str, text: str, *aliases: str):
+    """A config field with its group and one-line help ``text`` for ``fljax --help``;
+    ``aliases``: older flag names that still work."""
+    return dataclasses.field(default=default,
+                             metadata={"group": group, "help": text, "aliases": aliases})
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """Every knob of one federated experiment. Defaults: the README's main job."""
+    """Every knob of one federated experiment. Defaults: the README's main job. Each field's
+    metadata holds its --help group and text."""
 
-    # data
-    dataset: str = "digits"            # 'digits' (embedded) or a prepared tfds name
-    data_dir: str | None = None        # tfds data_dir (required for tfds datasets)
-    partition: str = "dirichlet"       # one of PARTITIONS
-    alpha: float = 0.3                 # Dirichlet concentration
-    min_size: int = 10                 # 'dirichlet': minimum examples per client
-    replacement: bool = False          # 'dirichlet_balanced': sample with replacement (FedInit)
-    classes_per_client: int = 2        # 'classes'
-    num_clients: int = 20
-    augment: str = "none"              # training batches: one of AUGMENTATIONS ('flip_crop':
-                                       #   the FedDyn code's CIFAR flip + pad-4 crop)
-    # model
-    model: str = "mlp"
-    conv_impl: str | None = None       # 'im2col' | 'xla'; default per backend
-    # algorithm
-    algorithm: str = "fedavg"          # one of ALGORITHMS
-    algorithm_args: str = "{}"         # JSON hyperparameters, e.g. '{"alpha": 0.1}' for feddyn
-    switch_to: str | None = None       # continue with this algorithm from round switch_at on
-    switch_at: int = 0                 # (feddyn-as-initialization: FedDyn, then FedAvg)
-    switch_args: str = "{}"            # JSON hyperparameters of switch_to
-    switch_when: str = "{}"            # JSON args of probes.switching_criterion: switch the round
-                                       #   after Proposition 1's condition holds (switch_at unused),
-                                       #   e.g. '{"zeta": 0.1, "smoothness": "estimate",
-                                       #   "optimum": "centralized"}'
-    wrappers: str = "{}"               # JSON {wrapper: {args}}, wrappers of WRAPPERS, e.g.
-                                       #   '{"relaxed_init": {"beta": 0.1}}' (+RI)
-    server_optimizer: str = "sgd"      # any optax optimizer taking learning_rate (sgd, adam, ...)
-    server_optimizer_args: str = "{}"  # JSON kwargs for it, e.g. '{"momentum": 0.9}' for FedAvgM
-    server_lr: float = 1.0
-    lr: float = 0.05                   # local learning rate
-    lr_decay: float = 1.0              # per-round local lr decay: lr * lr_decay**t
-    momentum: float = 0.0              # local SGD momentum
-    weight_decay: float = 0.0
-    clip_norm: float | None = None
-    aggregation: str = "examples"      # 'examples' | 'uniform'
-    # rounds
-    rounds: int = 200
-    clients_per_round: int = 10        # with participation 'bernoulli': the expected number
-    participation: str = "uniform"     # one of PARTICIPATIONS: 'uniform' (clients_per_round
-                                       #   distinct clients) or 'bernoulli' (each client joins
-                                       #   with probability clients_per_round / num_clients)
-    local_steps: int | None = None     # exactly one of local_steps / local_epochs
-    local_epochs: int | None = 2
-    batch_size: int = 16               # 0 = the whole local dataset
-    # personalized evaluation (feddecay.txt section 4): off while user_test_fraction is 0
-    new_users: float = 0.0             # share of the clients held out of training (new users)
-    user_val_fraction: float = 0.0     # share of each user's examples kept for validation
-    user_test_fraction: float = 0.0    # ... and for test (> 0 turns the evaluation on)
-    finetune_steps: int = 0            # SGD steps each user fine-tunes before it is scored
-    finetune_lr: float = 0.01          # (pFL-Bench FEMNIST: 5 steps at 0.01)
-    # probes and accounting
-    probes: str = ""                   # comma-separated fljax.probes names, e.g.
-                                       #   'pseudo_gradient_diversity,cosine_previous'
-    probe_args: str = "{}"             # JSON {probe: {args}}, e.g. '{"interaction_tensor":
-                                       #   {"rounds": [50, 100]}}'
-    target_accuracy: float | None = None  # results table: rounds, bytes, FLOPs and seconds to it
-    validation_fraction: float = 0.0   # share of the training examples held out of the clients:
-                                       #   evaluations log val_accuracy / val_loss (for tuning)
-    # runner
-    eval_every: int = 20
-    seed: int = 0
-    out_dir: str = "runs/digits_fedavg"
-    checkpoint_every: int = 20         # rounds between checkpoints (and one at the end)
-    keep_checkpoints: int = 3          # how many recent checkpoints to keep
-    client_chunk: int | None = None
-    num_devices: int = 1
+    dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
+                          "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); a "
+                          "tensorflow-datasets name prepared in --data-dir; or an .npz file "
+                          "holding x_train, y_train, x_test, y_test")
+    data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
+                                  "data (fljax never downloads)")
+    partition: str = option("dirichlet", "data", "how the training set is split among the "
+                            f"clients: one of {', '.join(PARTITIONS)} (natural: one client per "
+                            "user, for datasets with users)")
+    dirichlet_alpha: float = option(0.3, "data", "Dirichlet concentration of the label skew "
+                                    "(dirichlet, dirichlet_balanced); smaller is more skewed. "
+                                    "FedDyn's alpha goes in --algorithm-args", "--alpha")
+    min_size: int = option(10, "data", "dirichlet: redraw until every client has at least this "
+                           "many examples")
+    replacement: bool = option(False, "data", "dirichlet_balanced: draw examples with "
+                               "replacement (FedInit, FL-Simulator)")
+    classes_per_client: int = option(2, "data", "classes: the number of classes each client "
+                                     "holds")
+    num_clients: int = option(20, "data", "number of clients")
+    augment: str = option("none", "data", "augmentation of the training batches: "
+                          f"{' or '.join(AUGMENTATIONS)} (the FedDyn code's CIFAR flip + pad-4 "
+                          "crop)")
+    model: str = option("mlp", "model", f"one of {', '.join(MODEL_NAMES)}")
+    conv_impl: str | None = option(None, "model", f"convolution: {' or '.join(CONV_IMPLS)}; "
+                                   "unset: im2col on CPU (fast inside a scan), xla elsewhere")
+    algorithm: str = option("fedavg", "algorithm", "the federated algorithm (`fljax algorithms` "
+                            "lists them with their hyperparameters)")
+    algorithm_args: str = option("{}", "algorithm", "its hyperparameters, a JSON object, e.g. "
+                                 "'{\"alpha\": 0.1}' for feddyn")
+    switch_to: str | None = option(None, "algorithm", "continue with this algorithm from round "
+                                   "--switch-at on (FedDyn as initialization: --algorithm feddyn "
+                                   "--switch-to fedavg)")
+    switch_at: int = option(0, "algorithm", "the round --switch-to takes over")
+    switch_args: str = option("{}", "algorithm", "hyperparameters of --switch-to, a JSON object")
+    switch_when: str = option("{}", "algorithm", "switch to --switch-to the round after "
+                              "Proposition 1's condition holds (a JSON object of "
+                              "probes.switching_criterion's arguments, e.g. '{\"zeta\": 0.1, "
+                              "\"smoothness\": \"estimate\", \"optimum\": \"centralized\"}'; "
+                              "--switch-at unused)")
+    wrappers: str = option("{}", "algorithm", "wrappers over the algorithm, a JSON object of "
+                           f"their arguments by name ({', '.join(WRAPPERS)}), e.g. "
+                           "'{\"relaxed_init\": {\"beta\": 0.1}}' (+RI)")
+    server_optimizer: str = option("sgd", "server", "any optax optimizer taking learning_rate "
+                                   "(sgd, adam, yogi, ...), applied to the averaged update")
+    server_optimizer_args: str = option("{}", "server", "its keyword arguments, a JSON object, "
+                                        "e.g. '{\"momentum\": 0.9}' (FedAvgM)")
+    server_lr: float = option(1.0, "server", "server learning rate")
+    lr: float = option(0.05, "local training", "local learning rate")
+    lr_decay: float = option(1.0, "local training", "per-round decay of the local learning "
+                             "rate: lr * lr_decay**t")
+    momentum: float = option(0.0, "local training", "local SGD momentum")
+    weight_decay: float = option(0.0, "local training", "local SGD weight decay")
+    clip_norm: float | None = option(None, "local training", "clip each local gradient to this "
+                                     "norm; unset: no clipping")
+    aggregation: str = option("examples", "server", "weights of the clients' updates: examples "
+                              "(by their number of examples) or uniform")
+    rounds: int = option(200, "server", "communication rounds")
+    clients_per_round: int = option(10, "server", "clients per round (with --participation "
+                                    "bernoulli: the expected number)")
+    participation: str = option("uniform", "server", "uniform: clients_per_round distinct "
+                                "clients; bernoulli: each client joins with probability "
+                                "clients_per_round / num_clients (the FedDyn code)")
+    local_steps: int | None = option(None, "local training", "local steps per round (instead of "
+                                     "--local-epochs)")
+    local_epochs: int | None = option(2, "local training", "local epochs per round (instead of "
+                                      "--local-steps)")
+    batch_size: int = option(16, "local training", "local batch size; 0: each client's whole "
+                             "local dataset")
+    new_users: float = option(0.0, "evaluation", "personalized evaluation: share of the clients "
+                              "held out of training (new users)")
+    user_val_fraction: float = option(0.0, "evaluation", "share of each user's examples kept for "
+                                      "validation")
+    user_test_fraction: float = option(0.0, "evaluation", "share of each user's examples kept "
+                                       "for test; > 0 turns the personalized evaluation on")
+    finetune_steps: int = option(0, "evaluation", "SGD steps each user fine-tunes the global "
+                                 "model before it is scored")
+    finetune_lr: float = option(0.01, "evaluation", "learning rate of that fine-tuning "
+                                "(pFL-Bench FEMNIST: 5 steps at 0.01)")
+    probes: str = option("", "evaluation", "probes measured during the run, comma-separated "
+                         "fljax.probes names, e.g. pseudo_gradient_diversity,cosine_previous")
+    probe_args: str = option("{}", "evaluation", "their arguments, a JSON object by probe, e.g. "
+                             "'{\"interaction_tensor\": {\"rounds\": [50, 100]}}'")
+    target_accuracy: float | None = option(None, "evaluation", "the results table gives the "
+                                           "rounds, bytes, FLOPs and seconds to reach this test "
+                                           "accuracy")
+    validation_fraction: float = option(0.0, "evaluation", "share of the training examples held "
+                                        "out of the clients; evaluations then log val_accuracy "
+                                        "and val_loss (sweeps select grids on it)")
+    eval_every: int = option(20, "evaluation", "rounds between evaluations on the test set (and "
+                             "one at the end)")
+    seed: int = option(0, "run", "seed of the split, the initial model, client sampling and "
+                       "batches")
+    out_dir: str = option("runs/digits_fedavg", "output", "run directory (metrics.jsonl, "
+                          "TensorBoard events, checkpoints, config.json); a run there resumes")
+    checkpoint_every: int = option(20, "output", "rounds between checkpoints (and one at the "
+                                   "end)")
+    keep_checkpoints: int = option(3, "output", "how many recent checkpoints to keep")
+    client_chunk: int | None = option(None, "run", "clients trained side by side at a time; "
+                                      "unset: 1 on CPU, the whole per-device cohort elsewhere")
+    num_devices: int = option(1, "run", "devices the cohort is split over")
 
     def validate(self) -> "ExperimentConfig":
         """Raise FljaxError naming the first bad value; return self when all are allowed."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise FljaxError(f"{field.name} must be a finite number, got {value}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise FljaxError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
         positive = dict(num_clients=self.num_clients, clients_per_round=self.clients_per_round,
                         rounds=self.rounds, eval_every=self.eval_every,
                         num_devices=self.num_devices, checkpoint_every=self.checkpoint_every,
@@ -117,8 +170,8 @@ class ExperimentConfig:
             raise FljaxError(f"clip_norm must be > 0 or unset, got {self.clip_norm}")
         if self.min_size < 0:
             raise FljaxError(f"min_size must be >= 0, got {self.min_size}")
-        if self.alpha <= 0:
-            raise FljaxError(f"alpha must be > 0, got {self.alpha}")
+        if self.dirichlet_alpha <= 0:
+            raise FljaxError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
         if self.batch_size < 0:
             raise FljaxError(f"batch_size must be >= 1, or 0 for the full local dataset, got "
                              f"{self.batch_size}")
@@ -198,7 +251,9 @@ class ExperimentConfig:
         return [name.strip() for name in self.probes.split(",") if name.strip()]
 
     def replace(self, **changes) -> "ExperimentConfig":
-        """A copy with ``changes``, each checked against the field's type."""
+        """A copy with ``changes`` (old names of renamed fields accepted), each checked against
+        the field's type."""
+        changes = current_names(changes)
         fields = {f.name: f.type for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - set(fields))
         if unknown:
@@ -209,6 +264,16 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def current_names(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (config keys) with the old names of renamed fields (RENAMED; config files,
+    sweeps and checkpoints written before the rename) replaced by the current ones."""
+    both = [old for old, new in RENAMED.items() if old in values and new in values]
+    if both:
+        raise FljaxError(f"{both[0]} is the old name of {RENAMED[both[0]]}; give only one of "
+                         f"them")
+    return {RENAMED.get(key, key): value for key, value in values.items()}
 
 
 def json_object(name: str, text: str) -> dict[str, Any]:
@@ -264,4 +329,4 @@ def load_config(path: str, **overrides) -> ExperimentConfig:
     if not isinstance(values, dict):
         raise FljaxError(f"config file {path!r} must hold a JSON object, got "
                          f"{type(values).__name__}")
-    return ExperimentConfig().replace(**{**values, **overrides})
+    return ExperimentConfig().replace(**{**current_names(values), **overrides})

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import json
+import math
+import types
+import typing
 from typing import Callable, NamedTuple
 
 import jax
@@ -50,10 +54,10 @@ def split_clients(config: ExperimentConfig, labels: np.ndarray,
     if config.partition == "iid":
         return partition.iid(labels, config.num_clients, seed=config.seed)
     if config.partition == "dirichlet":
-        return partition.dirichlet(labels, config.num_clients, config.alpha, seed=config.seed,
-                                   min_size=config.min_size)
+        return partition.dirichlet(labels, config.num_clients, config.dirichlet_alpha,
+                                   seed=config.seed, min_size=config.min_size)
     if config.partition == "dirichlet_balanced":
-        return partition.dirichlet_balanced(labels, config.num_clients, config.alpha,
+        return partition.dirichlet_balanced(labels, config.num_clients, config.dirichlet_alpha,
                                             seed=config.seed, replacement=config.replacement)
     return partition.classes_per_client(labels, config.num_clients, config.classes_per_client,
                                         seed=config.seed)
@@ -62,6 +66,25 @@ def split_clients(config: ExperimentConfig, labels: np.ndarray,
 def algorithm_factories() -> dict[str, Callable[..., algorithms.Algorithm]]:
     """Every algorithm the CLI knows, by name (the keys of config.ALGORITHMS)."""
     return {name: getattr(algorithms, name) for name in ALGORITHMS}
+
+
+# What the CLI fills in rather than --algorithm-args: besides a factory's first argument (the local
+# optimizer, the learning rate, or the wrapped algorithm), these arguments, and lbsgd's SGD flags.
+FILLED = ("model", "server_lr", "server_optimizer", "name")
+LBSGD_FLAGS = ("weight_decay", "momentum", "clip_norm")
+# gradual_unfreezing takes units of parameter groups; the CLI builds them from this argument.
+UNIT = inspect.Parameter("unit", inspect.Parameter.KEYWORD_ONLY, default="M", annotation="str")
+
+
+def hyperparameters(name: str) -> list[inspect.Parameter]:
+    """The arguments of algorithm or wrapper ``name`` (config.ALGORITHMS, config.WRAPPERS) that
+    one sets in --algorithm-args or --wrappers, from its factory's signature (a required one has
+    no default)."""
+    parameters = list(inspect.signature(getattr(algorithms, name)).parameters.values())[1:]
+    if name == "gradual_unfreezing":
+        parameters = [UNIT, *parameters[1:]]
+    filled = FILLED + (LBSGD_FLAGS if name == "lbsgd" else ())
+    return [p for p in parameters if p.name not in filled and p.kind != p.VAR_KEYWORD]
 
 
 def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig,
@@ -77,8 +100,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig,
     if name == "fedsgd":
         return call(name, factory, [config.lr], kwargs, {})
     if name == "lbsgd":
-        sgd = dict(weight_decay=config.weight_decay, momentum=config.momentum,
-                   clip_norm=config.clip_norm)
+        sgd = {key: getattr(config, key) for key in LBSGD_FLAGS}
         return call(name, factory, [config.lr], {**sgd, **kwargs}, {})
     local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
                                  weight_decay=config.weight_decay, clip_norm=config.clip_norm)
@@ -86,21 +108,19 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig,
     extras = {"model": model, "server_lr": config.server_lr}
     extras = {k: v for k, v in extras.items() if k in accepted}
     if "server_optimizer" in accepted and "server_optimizer" not in kwargs:
-        optimizer = server_optimizer_factory(config.server_optimizer)
-        try:
-            extras["server_optimizer"] = optimizer(
-                learning_rate=config.server_lr,
-                **json_object("server_optimizer_args", config.server_optimizer_args))
-        except TypeError as e:
-            raise FljaxError(f"server_optimizer {config.server_optimizer!r} does not take "
-                             f"{config.server_optimizer_args}: {e}") from None
+        extras["server_optimizer"] = call(
+            config.server_optimizer, server_optimizer_factory(config.server_optimizer), [],
+            json_object("server_optimizer_args", config.server_optimizer_args),
+            {"learning_rate": config.server_lr}, kind="server optimizer")
     return call(name, factory, [local], kwargs, extras)
 
 
 def call(name: str, factory: Callable[..., algorithms.Algorithm], args: list, kwargs: dict,
          extras: dict, kind: str = "algorithm") -> algorithms.Algorithm:
-    """``factory(*args, **extras, **kwargs)``; a TypeError (a hyperparameter it does not take, or
-    one it needs and was not given) becomes one line naming it and listing the allowed ones."""
+    """``factory(*args, **extras, **kwargs)``, with ``kwargs`` (hyperparameters, from JSON) checked
+    first: one that it does not take, one it needs and was not given, one of the wrong type (by
+    the parameter's annotation, else its default) or a NaN or infinite number is a one-line
+    FljaxError naming it (and listing the allowed ones)."""
     parameters = list(inspect.signature(factory).parameters.values())[len(args):]
     allowed = [p.name for p in parameters
                if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model")]
@@ -111,7 +131,60 @@ def call(name: str, factory: Callable[..., algorithms.Algorithm], args: list, kw
         what = (f"does not take {unknown}" if unknown else
                 f"needs {missing} in its arguments")
         raise FljaxError(f"{kind} {name!r} {what}; its hyperparameters are {allowed}")
+    for parameter in parameters:
+        if parameter.name in kwargs:
+            check_value(f"{kind} {name!r}", parameter, kwargs[parameter.name])
     return factory(*args, **{**extras, **kwargs})
+
+
+# The JSON values a type named in an annotation admits.
+JSON_TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,),
+              "None": (type(None),), "NoneType": (type(None),)}
+
+
+def check_value(what: str, parameter: inspect.Parameter, value) -> None:
+    """Raise FljaxError unless ``value`` (read from JSON) suits ``parameter``: its type is one the
+    annotation names (bool, int, float, str, None; ints pass as floats; true is no number), or
+    that of its default when the annotation names none of them; a float must be finite.
+    Annotations naming ``Any``, or no such type and no such default, admit any value, and so does
+    a check of a value JSON cannot hold (the experiment supplied it, e.g. an array)."""
+    if not isinstance(value, (bool, int, float, str, type(None), list, dict)):
+        return   # not from JSON: supplied by the experiment (e.g. an array)
+    names = [] if parameter.annotation is parameter.empty else alternatives(parameter.annotation)
+    kinds = {t for n in names for t in JSON_TYPES.get(n, ())}
+    if "Any" in names:
+        kinds = set()
+    elif not kinds and type(parameter.default) in (bool, int, float, str):
+        kinds = set(JSON_TYPES[type(parameter.default).__name__])
+    if int in kinds:
+        kinds.discard(bool)   # array-like annotations name bool too; a JSON true is no number
+    if kinds and (not isinstance(value, tuple(kinds))
+                  or (isinstance(value, bool) and bool not in kinds)):
+        allowed = [text for kind, text in ((float, "a number"), (int, "an integer"),
+                                           (bool, "true or false"), (str, "a string"),
+                                           (type(None), "null"))
+                   if kind in kinds and not (kind is int and float in kinds)]
+        raise FljaxError(f"{what}: {parameter.name} must be {' or '.join(allowed)}, got "
+                         f"{json.dumps(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FljaxError(f"{what}: {parameter.name} must be a finite number, got {value}")
+
+
+def alternatives(annotation) -> list[str]:
+    """The type names an annotation allows: ``'float | None'`` (text, as under ``from __future__
+    import annotations``) or ``Optional[float]`` give ``['float', 'None']``; a name keeps its
+    brackets (``'Sequence[int]'``)."""
+    if not isinstance(annotation, str):
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        return [getattr(a, "__name__", str(a))
+                for a in (typing.get_args(annotation) if union else (annotation,))]
+    names, depth, start = [], 0, 0
+    for i, char in enumerate(annotation):
+        depth += (char == "[") - (char == "]")
+        if char == "|" and depth == 0:
+            names.append(annotation[start:i].strip())
+            start = i + 1
+    return names + [annotation[start:].strip()]
 
 
 def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
@@ -128,7 +201,7 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
         args = dict(wrappers[wrapper])
         leading = [algorithm]
         if wrapper == "gradual_unfreezing":
-            leading.append(unfreeze_units(model, args.pop("unit", "M")))
+            leading.append(unfreeze_units(model, args.pop(UNIT.name, UNIT.default)))
         algorithm = call(wrapper, getattr(algorithms, wrapper), leading, args, {},
                          kind="wrapper")
     return algorithm
@@ -206,6 +279,10 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     if config.num_clients > len(dataset.y_train):
         raise FljaxError(f"num_clients ({config.num_clients}) must be <= the number of training "
                          f"examples ({len(dataset.y_train)})")
+    if config.batch_size > len(dataset.y_train):
+        raise FljaxError(f"batch_size ({config.batch_size}) must be <= the number of training "
+                         f"examples ({len(dataset.y_train)}), or 0 for each client's whole "
+                         f"local dataset")
     parts = split_clients(config, dataset.y_train, dataset.user_train)
     users = None
     if config.user_test_fraction > 0:

@@ -30,7 +30,7 @@ def series(records: list[dict], metric: str) -> tuple[list[int], list[float]]:
 
 def plot_runs(run_dirs: list[str], out: str, metrics: list[str] | None = None) -> str:
     """Draw each of ``metrics`` (default: test accuracy and train loss) per round for each run
-    into ``out`` (PNG), one panel per metric."""
+    into ``out`` (PNG), one panel per metric; the file is written whole or not at all."""
     metrics = list(metrics or DEFAULT_METRICS)
     runs = {}
     for run_dir in run_dirs:
@@ -55,8 +55,11 @@ def plot_runs(run_dirs: list[str], out: str, metrics: list[str] | None = None) -
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
+    root, ext = os.path.splitext(out)
+    tmp = f"{root}.tmp{ext}"   # same extension: the format follows it
     try:
-        fig.savefig(out, dpi=120)
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, out)
     except OSError as e:
         raise FljaxError(f"cannot write plot to {out!r} ({e.strerror})") from None
     finally:

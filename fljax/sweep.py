@@ -52,7 +52,7 @@ from typing import Any, Callable, NamedTuple
 
 import scipy.stats
 
-from fljax.config import ExperimentConfig
+from fljax.config import ExperimentConfig, current_names
 from fljax.errors import FljaxError
 from fljax.train import to_target
 
@@ -155,16 +155,19 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     result = []
     for row, row_values in sweep["rows"].items():
         for column, column_values in sweep["columns"].items():
-            merged = {**sweep.get("base", {}), **overrides.get("base", {}), **row_values,
-                      **overrides.get(row, {}), **column_values, **overrides.get(column, {})}
-            grid = merged.pop("grid", {})
+            layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
+                      overrides.get(row, {}), column_values, overrides.get(column, {})]
+            # A later layer overrides an earlier one, whichever name of a field each uses.
+            merged = {key: value for layer in layers
+                      for key, value in current_names(layer).items()}
+            grid = current_names(merged.pop("grid", {}))
             for setting in grid_points(grid) if grid else [()]:
                 for seed in seeds or sweep.get("seeds", [0]):
                     run_dir = os.path.join(out_dir, scale or "base", slug(row), slug(column),
                                            *([setting_slug(setting)] if setting else []),
                                            f"seed_{seed}")
                     values = {**with_setting(merged, setting), "seed": seed, "out_dir": run_dir,
-                              **changes}
+                              **current_names(changes)}
                     try:
                         config = ExperimentConfig().replace(**values).validate()
                     except FljaxError as e:

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -35,21 +36,35 @@ class RunInterrupted(Exception):
     """Ctrl-C stopped the run after saving a checkpoint of the last finished round."""
 
     def __init__(self, round_index: int, directory: str):
-        super().__init__(f"interrupted after round {round_index}; checkpoint saved in "
-                         f"{directory!r}; run the same command again to resume")
+        super().__init__(
+            f"interrupted after round {round_index}; checkpoint saved in {directory!r}; run the "
+            f"same command again to resume" if round_index else
+            "interrupted before the first round; run the same command again to start")
         self.round = round_index
 
 
-def prepare_out_dir(out_dir: str) -> None:
-    """Create ``out_dir`` and check it is writable, with a clear error if not."""
+def writable_dir(path: str, what: str) -> None:
+    """Create directory ``path`` if needed and check that files can be created in it (leaving
+    nothing behind), with a one-line FljaxError naming ``what`` if not."""
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, ".write_test")
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write_test")
         with open(probe, "w"):
             pass
         os.remove(probe)
     except OSError as e:
-        raise FljaxError(f"output dir {out_dir!r} is not writable ({e.strerror})") from None
+        raise FljaxError(f"{what} {path!r} is not writable ({e.strerror})") from None
+
+
+def write_file(path: str, text: str) -> None:
+    """Replace the file ``path`` by ``text`` atomically: a kill leaves the old or the new file,
+    never a part of one."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -78,31 +93,14 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     """Train until round ``config.rounds``, resuming from ``config.out_dir`` unless ``fresh``.
 
     Returns every evaluation record of the run (also in ``OUT_DIR/metrics.jsonl``). Raises
-    FljaxError for bad input or divergence, RunInterrupted after Ctrl-C.
+    FljaxError for bad input or divergence, RunInterrupted after Ctrl-C. Everything is checked
+    (config, data, writable directories, the checkpoint to resume from, the log) before the run
+    directory is changed, so a run that cannot start leaves it as it was (``fresh`` aside). A
+    damaged checkpoint is moved to ``OUT_DIR/damaged_checkpoints`` and the run resumes from the
+    newest intact one. From the first write on, Ctrl-C stops the run after the current round.
     """
     config.validate()
     experiment = experiment or build(config)
-    prepare_out_dir(config.out_dir)
-    if fresh:
-        shutil.rmtree(os.path.join(config.out_dir, "checkpoints"), ignore_errors=True)
-    checkpoints = Checkpoints(config.out_dir, keep=config.keep_checkpoints)
-    saved_round = checkpoints.latest_round()
-    state = experiment.initial_state()
-    if saved_round is not None:
-        state = experiment.round_fn.place(
-            checkpoints.restore(saved_round, state, config.to_dict(),
-                                defaults=ExperimentConfig().to_dict()))
-    with open(os.path.join(config.out_dir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=1)
-    log = RunLog(config.out_dir, saved_round)
-    done = saved_round or 0
-    logged = read_log(log.path)
-    previous_time = max([r["time_s"] for r in logged] or [0.0])
-    cost = Accounting(experiment, config, logged)
-    extra_evals = {r for p in experiment.round_fn.probes for r in p.eval_rounds}
-    start = time.perf_counter() - previous_time
-    bar = tqdm(total=config.rounds, initial=min(done, config.rounds), disable=not progress,
-               unit="round", dynamic_ncols=True)
     postfix: dict[str, str] = {}
 
     def exchanged(rounds: int) -> int:
@@ -136,8 +134,42 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         bar.update(1)
 
     last_round: dict[str, float] = {}
-    try:
-        with _sigint_flag() as interrupt:
+    with _sigint_flag() as interrupt:   # until the run's files are closed
+        with contextlib.ExitStack() as closing:
+            writable_dir(config.out_dir, "output dir")
+            checkpoint_dir = os.path.join(config.out_dir, "checkpoints")
+            if fresh and os.path.isdir(checkpoint_dir):
+                try:
+                    shutil.rmtree(checkpoint_dir)
+                except OSError as e:
+                    raise FljaxError(f"--fresh cannot delete {checkpoint_dir!r} "
+                                     f"({e.strerror})") from None
+            checkpoints = closing.enter_context(contextlib.closing(
+                Checkpoints(config.out_dir, keep=config.keep_checkpoints)))
+            writable_dir(checkpoints.directory, "checkpoint dir")
+            state = experiment.initial_state()
+            saved_round, saved_state, damaged = checkpoints.restore_latest(
+                state, config.to_dict(), defaults=ExperimentConfig().to_dict())
+            if saved_state is not None:
+                state = experiment.round_fn.place(saved_state)
+            log = closing.enter_context(contextlib.closing(
+                RunLog(config.out_dir, saved_round)))   # reads the log before rewriting it
+            for error in damaged:
+                moved = checkpoints.set_aside(error.round, os.path.join(config.out_dir,
+                                                                        "damaged_checkpoints"))
+                print(f"fljax: warning: {error}; moved to {moved!r}; resuming from checkpoint "
+                      f"{saved_round}", file=sys.stderr)
+            write_file(os.path.join(config.out_dir, "config.json"),
+                       json.dumps(config.to_dict(), indent=1))
+            done = saved_round or 0
+            logged = read_log(log.path)
+            previous_time = max([r["time_s"] for r in logged] or [0.0])
+            cost = Accounting(experiment, config, logged)
+            extra_evals = {r for p in experiment.round_fn.probes for r in p.eval_rounds}
+            start = time.perf_counter() - previous_time
+            bar = closing.enter_context(contextlib.closing(tqdm(
+                total=config.rounds, initial=min(done, config.rounds), disable=not progress,
+                unit="round", dynamic_ncols=True)))
             pending = None
             for t in range(done, config.rounds):
                 if interrupt["stop"]:
@@ -158,18 +190,16 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                     log.evaluation(t + 1, scores, time.perf_counter() - start)
                     postfix["acc"] = f"{scores['accuracy']:.3f}"
                 if save:
+                    log.commit()   # a checkpoint never covers a record that is not on disk
                     checkpoints.save(t + 1, state, config.to_dict())
             if pending is not None:
                 check_and_log(*pending)
             if interrupt["stop"]:
                 finished = int(state.round)
-                if checkpoints.latest_round() != finished:
+                if finished and checkpoints.latest_round() != finished:
+                    log.commit()
                     checkpoints.save(finished, state, config.to_dict())
                 raise RunInterrupted(finished, checkpoints.directory)
-    finally:
-        bar.close()
-        log.close()
-        checkpoints.close()
     return [r for r in read_log(log.path) if r["kind"] == "eval"]
 
 

@@ -4,15 +4,22 @@ Every case runs the CLI against a copy of a finished run directory (checkpoints,
 checks that the directory's files are byte-identical afterwards.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
 
+from fljax.checkpoint import Checkpoints
 from fljax.cli import main
+from fljax.config import ExperimentConfig
+from tests.test_resume import assert_same, final_state, records
 
 RUN = ["--rounds", "2", "--checkpoint-every", "1", "--eval-every", "1", "--quiet"]
 
@@ -44,11 +51,39 @@ def npz(tmp, **changes):
     return path
 
 
-def corrupt_checkpoint(run_dir, tmp):
-    for root, _, files in os.walk(os.path.join(run_dir, "checkpoints", "2", "state")):
-        for name in files:
-            with open(os.path.join(root, name), "wb") as f:
+def truncated_npz(tmp):
+    path = npz(tmp)
+    os.truncate(path, os.path.getsize(path) // 2)
+    return path
+
+
+def state_files(run_dir, round_index):
+    """The files holding a checkpoint's state."""
+    return [os.path.join(root, name) for root, _, files in
+            os.walk(os.path.join(run_dir, "checkpoints", str(round_index), "state"))
+            for name in files]
+
+
+def corrupt_checkpoints(run_dir, tmp):
+    for round_index in (1, 2):
+        for path in state_files(run_dir, round_index):
+            with open(path, "wb") as f:
                 f.write(b"\x00garbage")
+
+
+def checkpoints_a_file(run_dir, tmp):
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"))
+    with open(os.path.join(run_dir, "checkpoints"), "w") as f:
+        f.write("not a directory")
+
+
+def damage_log(run_dir, tmp):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path, "rb") as f:
+        lines = f.readlines()
+    lines[1] = lines[1][:20] + b"\xff\xfe" + lines[1][20:]   # not UTF-8
+    with open(path, "wb") as f:
+        f.writelines(lines)
 
 
 def foreign_checkpoint(run_dir, tmp):
@@ -65,7 +100,7 @@ def bad_config_file(tmp, text):
     return path
 
 
-# (id, argv builder taking a tmp dir, expected message part, optional run-dir mutation)
+# (id, argv builder taking a tmp dir, expected message part(s), optional run-dir mutation)
 CASES = [
     ("negative lr", lambda t: ["--lr", "-0.1"], "lr must be > 0, got -0.1"),
     ("zero server lr", lambda t: ["--server-lr", "0"], "server_lr must be > 0"),
@@ -81,7 +116,8 @@ CASES = [
     ("unknown augmentation", lambda t: ["--augment", "mixup"], "augment must be one of"),
     ("unknown model", lambda t: ["--model", "resnet1"], "unknown model 'resnet1'"),
     ("cnn on 8x8 digits", lambda t: ["--model", "small_cnn"], "at least 13x13"),
-    ("negative alpha", lambda t: ["--alpha", "-1"], "alpha must be > 0"),
+    ("negative Dirichlet alpha", lambda t: ["--dirichlet-alpha", "-1"],
+     "dirichlet_alpha must be > 0"),
     ("lr decay > 1", lambda t: ["--lr-decay", "1.5"], "lr_decay must be in (0, 1]"),
     ("momentum 1", lambda t: ["--momentum", "1.0"], "momentum must be in [0, 1)"),
     ("negative weight decay", lambda t: ["--weight-decay", "-1"], "weight_decay must be >= 0"),
@@ -106,8 +142,8 @@ CASES = [
                                               "--clients-per-round", "10"],
      "num_clients (2000) must be <="),
     ("unreachable min size", lambda t: ["--min-size", "500"], "min_size"),
-    ("partition leaves a client empty", lambda t: ["--min-size", "0", "--alpha", "0.001",
-                                                   "--num-clients", "200"],
+    ("partition leaves a client empty", lambda t: ["--min-size", "0", "--dirichlet-alpha",
+                                                   "0.001", "--num-clients", "200"],
      "empty"),
     ("missing config file", lambda t: ["--config", "/nonexistent.json"], "does not exist"),
     ("config file not JSON", lambda t: ["--config", bad_config_file(t, "{rounds: 3")],
@@ -161,10 +197,40 @@ CASES = [
     ("FedDecay without beta", lambda t: ["--algorithm", "feddecay"],
      "algorithm 'feddecay' needs ['beta']"),
     ("other experiment's checkpoint", lambda t: ["--lr", "0.2"], "different experiment: lr"),
+    ("negative seed", lambda t: ["--seed", "-1"], "seed must be an integer in [0, 4294967295]"),
+    ("batch larger than the data", lambda t: ["--batch-size", "2000000000"],
+     "batch_size (2000000000) must be <= the number of training examples (1437)"),
+    ("NaN momentum", lambda t: ["--momentum", "nan"], "momentum must be a finite number, got nan"),
+    ("infinite weight decay", lambda t: ["--weight-decay", "inf"],
+     "weight_decay must be a finite number, got inf"),
+    ("NaN clip norm", lambda t: ["--clip-norm", "nan"], "clip_norm must be a finite number"),
+    ("hyperparameter of the wrong type", lambda t: ["--algorithm", "feddyn", "--algorithm-args",
+                                                    '{"alpha": "0.1"}'],
+     "algorithm 'feddyn': alpha must be a number, got \"0.1\""),
+    ("NaN hyperparameter", lambda t: ["--algorithm", "fedprox", "--algorithm-args",
+                                      '{"mu": NaN}'], "mu must be a finite number, got nan"),
+    ("server optimizer arg of the wrong type", lambda t: ["--server-optimizer-args",
+                                                          '{"momentum": "0.9"}'],
+     "server optimizer 'sgd': momentum must be a number or null, got \"0.9\""),
+    ("wrapper arg of the wrong type", lambda t: ["--wrappers",
+                                                 '{"relaxed_init": {"beta": [0.1]}}'],
+     "wrapper 'relaxed_init': beta must be a number"),
+    ("truncated npz", lambda t: ["--dataset", truncated_npz(t)], "is not a readable .npz file"),
+    ("npz label far beyond the classes", lambda t: [
+        "--dataset", npz(t, y_train=np.where(np.arange(60) == 0, 10**9, np.arange(60) % 3)),
+        "--num-clients", "5", "--clients-per-round", "5"],
+     "has label 1000000000: labels must be class indices 0..C-1"),
+    ("argparse type error", lambda t: ["--lr", "abc"], "argument --lr: invalid float value: 'abc'"),
 ]
 MUTATING = [
-    ("corrupt checkpoint", lambda t: [], "checkpoint 2", corrupt_checkpoint),
-    ("foreign checkpoint dir", lambda t: [], "checkpoint", foreign_checkpoint),
+    ("every checkpoint corrupt", lambda t: [], ("checkpoint 2 in", "is damaged"),
+     corrupt_checkpoints),
+    ("foreign checkpoint dir", lambda t: [], ("checkpoint 7 in", "is damaged"),
+     foreign_checkpoint),
+    ("checkpoints a plain file", lambda t: [], "checkpoints' is not a directory",
+     checkpoints_a_file),
+    ("non-UTF-8 bytes in the log", lambda t: [], ("line 2 of", "metrics.jsonl' is damaged"),
+     damage_log),
 ]
 
 
@@ -180,7 +246,90 @@ def test_bad_input_exits_2_with_one_line_and_loses_nothing(case, finished_run, t
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("fljax: error: ") and message in err, err
+    assert err.startswith("fljax: error: "), err
+    assert all(part in err for part in ((message,) if isinstance(message, str) else message)), err
+    assert snapshot(run_dir) == before
+
+
+def truncate_state_files(run_dir, round_index):
+    for path in state_files(run_dir, round_index):
+        os.truncate(path, os.path.getsize(path) // 2)
+
+
+def test_damaged_checkpoints_give_one_line_even_from_orbax_background_reads(finished_run,
+                                                                            tmp_path):
+    """Truncated array files: orbax abandons reads still in flight; their reports, which come
+    from background threads after the error, must not reach stderr."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    for round_index in (1, 2):
+        truncate_state_files(run_dir, round_index)
+    out = subprocess.run([sys.executable, "-m", "fljax", *RUN, "--out-dir", run_dir],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
+    assert "checkpoint 2 in" in out.stderr and "is damaged" in out.stderr
+
+
+@pytest.mark.parametrize("damage, damaged_round", [
+    (lambda run_dir: os.makedirs(os.path.join(run_dir, "checkpoints", "99")), 99),
+    (lambda run_dir: truncate_state_files(run_dir, 2), 2),
+], ids=["empty newest checkpoint", "truncated array files"])
+def test_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(
+        damage, damaged_round, finished_run, tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    damage(run_dir)
+    assert main(RUN + ["--out-dir", run_dir]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fljax: warning: checkpoint {damaged_round} in")
+    assert "is damaged" in err[0] and "resuming from checkpoint" in err[0]
+    assert os.listdir(os.path.join(run_dir, "damaged_checkpoints")) == [str(damaged_round)]
+    assert Checkpoints(run_dir).latest_round() == 2
+    config = ExperimentConfig().replace(rounds=2, checkpoint_every=1, eval_every=1)
+    assert_same(final_state(finished_run, config.replace(out_dir=finished_run)),
+                final_state(run_dir, config.replace(out_dir=run_dir)))
+    assert records(run_dir) == records(finished_run)
+
+
+@contextlib.contextmanager
+def read_only(directory):
+    """``directory`` made read-only: by its mode, or for root (whom modes do not stop) with
+    ``chattr +i``; skips the test where neither works."""
+
+    def writable():
+        try:
+            with tempfile.TemporaryFile(dir=directory):
+                return True
+        except OSError:
+            return False
+
+    os.chmod(directory, 0o555)
+    immutable = False
+    try:
+        if writable() and shutil.which("chattr"):
+            immutable = subprocess.run(["chattr", "+i", directory],
+                                       capture_output=True).returncode == 0
+        if writable():
+            pytest.skip("cannot make a directory read-only here")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", directory], check=True)
+        os.chmod(directory, 0o755)
+
+
+def test_read_only_checkpoint_dir_fails_before_training(finished_run, tmp_path, capsys):
+    """Resuming into a checkpoint dir that cannot be written fails at once, not at the first
+    save after a round was trained and logged."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run, run_dir)
+    before = snapshot(run_dir)
+    with read_only(os.path.join(run_dir, "checkpoints")):
+        code = main(RUN + ["--rounds", "3", "--out-dir", run_dir])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("fljax: error: checkpoint dir") and "is not writable" in err
     assert snapshot(run_dir) == before
 
 

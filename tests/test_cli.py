@@ -1,12 +1,14 @@
-"""The CLI runs a real experiment on digits (bad input: test_bad_input.py)."""
+"""The CLI runs a real experiment on digits (bad input: test_bad_input.py); its help teaches."""
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
 
-from fljax.cli import main
+from fljax.cli import config_from_args, main
+from fljax.config import ALGORITHMS, GROUPS, WRAPPERS, ExperimentConfig
 
 
 def test_cli_smoke_run_on_digits(tmp_path):
@@ -38,8 +40,60 @@ def test_cli_reads_a_config_file_and_flags_override_it(tmp_path, capsys):
     assert saved["rounds"] == 2 and saved["partition"] == "iid" and saved["local_steps"] == 2
 
 
-def test_argparse_type_errors_exit_2(capsys):
+def test_argparse_errors_are_one_line_and_the_usage_is_in_help(capsys):
+    assert main(["--lr", "fast"]) == 2
+    assert capsys.readouterr().err == "fljax: error: argument --lr: invalid float value: 'fast'\n"
     with pytest.raises(SystemExit) as e:
-        main(["--lr", "fast"])
-    assert e.value.code == 2
-    assert "invalid float value: 'fast'" in capsys.readouterr().err
+        main(["--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: fljax")
+
+
+def shown(value):
+    return "unset" if value is None else ("on" if value else "off") if isinstance(value, bool) \
+        else str(value)
+
+
+def test_help_gives_every_flag_in_its_group_with_a_line_of_help_and_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines anywhere
+    headings = [text.index(f" {group}: --") for group in GROUPS]
+    assert headings == sorted(headings)
+    for field in dataclasses.fields(ExperimentConfig):
+        flag = "--" + field.name.replace("_", "-")
+        entry = " ".join(f"{field.metadata['help']} (default: {shown(field.default)})".split())
+        kinds = field.type.split(" | ")
+        metavar = ", --no-" if "bool" in kinds else " INT" if "int" in kinds else \
+            " FLOAT" if "float" in kinds else " STR"
+        where = text.index(f" {flag}{metavar}", headings[0])
+        assert 0 < text.index(entry, where) - where < 60, flag   # after the flag (and alias)
+        group = GROUPS.index(field.metadata["group"])
+        assert headings[group] < where < (headings + [len(text)])[group + 1], flag
+    assert "--dirichlet-alpha FLOAT, --alpha FLOAT" in text
+
+
+def test_dirichlet_alpha_keeps_its_old_name_in_flags_and_config_files(tmp_path, capsys):
+    assert config_from_args(["--dirichlet-alpha", "0.1"])[0].dirichlet_alpha == 0.1
+    assert config_from_args(["--alpha", "0.1"])[0].dirichlet_alpha == 0.1
+    old = tmp_path / "old.json"
+    old.write_text('{"alpha": 0.2}')
+    assert config_from_args(["--config", str(old)])[0].dirichlet_alpha == 0.2
+    assert config_from_args(["--config", str(old), "--dirichlet-alpha", "0.4"])[
+        0].dirichlet_alpha == 0.4
+    both = tmp_path / "both.json"
+    both.write_text('{"alpha": 0.2, "dirichlet_alpha": 0.3}')
+    assert main(["--config", str(both)]) == 2
+    assert "alpha is the old name of dirichlet_alpha" in capsys.readouterr().err
+
+
+def test_algorithms_lists_every_algorithm_and_wrapper_with_its_hyperparameters(capsys):
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  {name}\n" in out for name in ALGORITHMS + WRAPPERS)
+    assert "alpha=0.01, adaptive_alpha=true" in out                      # feddyn's signature
+    assert 'unit="M", fraction (required), order="bottom_up"' in out     # gradual_unfreezing
+    assert main(["algorithms", "feddyn"]) == 0
+    out = capsys.readouterr().out
+    assert "H^{t+1} = H^t + (1/N)" in out and "alpha: float = 0.01" in out   # rule, settings
+    assert main(["algorithms", "fedfoo"]) == 2
+    assert "unknown algorithm or wrapper 'fedfoo'" in capsys.readouterr().err

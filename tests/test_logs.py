@@ -27,7 +27,7 @@ def test_tensorboard_and_plot(tmp_path, capsys):
     runs = []
     for alpha in ("0.1", "10"):
         out = str(tmp_path / f"alpha{alpha}")
-        assert main(["--rounds", "4", "--eval-every", "2", "--alpha", alpha, "--quiet",
+        assert main(["--rounds", "4", "--eval-every", "2", "--dirichlet-alpha", alpha, "--quiet",
                      "--out-dir", out]) == 0
         runs.append(out)
     events = glob.glob(os.path.join(runs[0], "tb", "events.out.tfevents.*"))

@@ -1,5 +1,6 @@
 """Nothing lost: resume equals an uninterrupted run; kills, Ctrl-C and divergence keep checkpoints."""
 
+import glob
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from fljax.config import ExperimentConfig
 from fljax.experiment import build
 from fljax.logs import read_log
 from fljax.train import run
+from tests.test_logs import scalars
 
 BASE = dict(rounds=8, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,
             local_epochs=1)
@@ -53,6 +55,7 @@ def final_state(out_dir, like_config):
 
 
 def records(out_dir):
+    """The run's log records without their wall-clock field (time_s): what must be identical."""
     return [{k: v for k, v in r.items() if k != "time_s"}
             for r in read_log(os.path.join(out_dir, "metrics.jsonl"))]
 
@@ -95,6 +98,11 @@ def test_a_checkpoint_older_than_a_config_field_resumes_when_the_field_keeps_its
         check_same_experiment(older, {**current, "augment": "flip_crop"}, "dir", defaults)
     with pytest.raises(FljaxError, match="different experiment: augment is None there"):
         check_same_experiment(older, current, "dir")
+    # A field saved under its old name (alpha, now dirichlet_alpha) counts under the new one.
+    renamed = {("alpha" if k == "dirichlet_alpha" else k): v for k, v in current.items()}
+    check_same_experiment(renamed, current, "dir", defaults)
+    with pytest.raises(FljaxError, match="dirichlet_alpha is 0.3 there and 0.1 here"):
+        check_same_experiment(renamed, {**current, "dirichlet_alpha": 0.1}, "dir", defaults)
 
 
 def test_restore_into_other_experiment_fails_before_training(tmp_path, capsys):
@@ -154,14 +162,22 @@ def test_diverging_learning_rate_exits_2_naming_round_and_algorithm(tmp_path):
 
 
 # --- killed and interrupted subprocesses ------------------------------------------------------
+# The checkpoint interval (2) does not divide the evaluation interval (5): a kill often falls after
+# a checkpoint and before the next evaluation.
 
 CLI = [sys.executable, "-m", "fljax", "--quiet", "--rounds", "16", "--checkpoint-every", "2",
-       "--eval-every", "4", "--keep-checkpoints", "2"]
+       "--eval-every", "5", "--keep-checkpoints", "2"]
 
 
 def cli_config(out_dir):
-    return ExperimentConfig().replace(rounds=16, checkpoint_every=2, eval_every=4,
+    return ExperimentConfig().replace(rounds=16, checkpoint_every=2, eval_every=5,
                                       keep_checkpoints=2, out_dir=out_dir)
+
+
+def tensorboard_steps(out_dir):
+    """The rounds with a train/loss event in any of the run's TensorBoard event files."""
+    return {step for path in glob.glob(os.path.join(out_dir, "tb", "events.out.tfevents.*"))
+            for step in scalars(path).get("train/loss", [])}
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +213,18 @@ def trained_past_first_checkpoint(names):
     return any(n.isdigit() and int(n) >= 4 for n in names)
 
 
-@pytest.mark.parametrize("moment", [saving, trained_past_first_checkpoint])
+def between_save_and_prune(names):
+    """A new checkpoint is complete and the oldest of keep + 1 is not yet deleted."""
+    return sum(n.isdigit() for n in names) > 2
+
+
+@pytest.mark.parametrize("moment", [saving, trained_past_first_checkpoint,
+                                    between_save_and_prune])
 def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_path,
                                                                   reference_run):
+    """After a kill, the log and TensorBoard hold every round the latest checkpoint covers; the
+    resumed run's checkpoint and log equal an uninterrupted run's (log records compared without
+    their wall-clock time_s), and at most keep + 1 checkpoints remain."""
     out_dir = str(tmp_path / "r")
     fired, code, _ = run_until(out_dir, moment, signal.SIGKILL)
     assert fired and code == -signal.SIGKILL
@@ -209,10 +234,14 @@ def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_pa
     config = cli_config(out_dir)
     ckpts.restore(latest, build(config).initial_state(), config.to_dict())
     ckpts.close()
+    logged = [r["round"] for r in records(out_dir) if r["kind"] == "round"]
+    assert logged[:latest] == list(range(1, latest + 1))
+    assert set(range(1, latest + 1)) <= tensorboard_steps(out_dir)
     subprocess.run(CLI + ["--out-dir", out_dir], check=True, capture_output=True, timeout=300)
     assert_same(final_state(reference_run, cli_config(reference_run)),
                 final_state(out_dir, config))
     assert records(out_dir) == records(reference_run)
+    assert sum(n.isdigit() for n in os.listdir(os.path.join(out_dir, "checkpoints"))) <= 3
 
 
 def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
@@ -230,3 +259,37 @@ def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
     assert_same(final_state(reference_run, cli_config(reference_run)),
                 final_state(out_dir, cli_config(out_dir)))
     assert records(out_dir) == records(reference_run)
+
+
+# Ctrl-C at a chosen moment of start-up: MODULE.NAME sends it to its own process when called.
+INTERRUPT_AT = """
+import importlib, os, signal, sys
+from fljax.cli import main
+
+module, name = importlib.import_module(sys.argv[1]), sys.argv[2]
+original = getattr(module, name)
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return original(*args, **kwargs)
+setattr(module, name, interrupted)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("module, name, message", [
+    ("fljax.data.loaders", "load_dataset", "interrupted during start-up; nothing was written"),
+    ("fljax.train", "RunLog",
+     "interrupted before the first round; run the same command again to start"),
+], ids=["while the data loads", "after the run directory appears"])
+def test_ctrl_c_during_start_up_exits_130_with_one_line(module, name, message, tmp_path):
+    """Before the run directory is touched Ctrl-C exits at once; from the first write on the run
+    stops before its first round. Either way: exit code 130, one line, no traceback."""
+    out_dir = str(tmp_path / "r")
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_AT, module, name, *CLI[3:],
+                          "--out-dir", out_dir], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert out.stderr.strip() == f"fljax: {message}"
+    if module == "fljax.data.loaders":
+        assert not os.path.exists(out_dir)
+    else:
+        assert Checkpoints(out_dir).latest_round() is None and records(out_dir) == []

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEPS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.json"))
                 if "rows" in json.load(open(p)))
 
-SPEC = {"title": "t", "base": {"lr": 0.1, "rounds": 10},
+SPEC = {"title": "t", "base": {"lr": 0.1, "rounds": 10, "dirichlet_alpha": 1.0},
         "rows": {"IID": {"partition": "iid"}, "Dir": {"partition": "dirichlet", "alpha": 0.5}},
         "columns": {"A": {"algorithm": "fedavg"},
                     "B->A": {"algorithm": "feddyn", "switch_to": "fedavg", "switch_at": 8,
@@ -36,7 +36,9 @@ def test_cells_apply_base_row_column_scale_in_order(tmp_path):
     assert all(c.config.switch_at == 3 and c.config.rounds == 4 and c.config.lr == 0.2
                for c in switched)
     assert json.loads(switched[0].config.algorithm_args) == {"alpha": 0.1}
-    assert cells[-1].config.partition == "dirichlet" and cells[-1].config.alpha == 0.5
+    # A row's value overrides the base's under the field's old name too (alpha: dirichlet_alpha).
+    assert cells[-1].config.partition == "dirichlet" and cells[-1].config.dirichlet_alpha == 0.5
+    assert cells[0].config.dirichlet_alpha == 1.0
     assert cells[-1].config.out_dir == os.path.join(str(tmp_path), "small", "Dir", "B_to_A",
                                                     "seed_1")
     base = sweep.cells(SPEC, None, str(tmp_path), seeds=[5], rounds=2)

@@ -17,6 +17,7 @@ import numbers
 import os
 import random
 import re
+import zipfile
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -237,13 +238,13 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 def load_npz(path: str) -> Dataset:
     """Your own arrays: an ``.npz`` file with x_train [N,H,W,C] or [N,H,W], y_train [N] integer
-    labels, x_test, y_test. The number of classes is the largest label + 1."""
+    labels, x_test, y_test. The number of classes is the largest label + 1 (at most N)."""
     if not os.path.isfile(path):
         raise FljaxError(f"dataset file {path!r} does not exist")
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise FljaxError(f"dataset file {path!r} is not a readable .npz file ({_first_line(e)})") from None
     missing = [k for k in NPZ_KEYS if k not in arrays]
     if missing:
@@ -267,6 +268,10 @@ def load_npz(path: str) -> Dataset:
         raise FljaxError(f"x_train and x_test in {path!r} have different example shapes "
                          f"({x_train.shape[1:]} vs {x_test.shape[1:]})")
     num_classes = int(arrays["y_train"].max()) + 1
+    if num_classes > len(arrays["y_train"]):
+        raise FljaxError(f"y_train in {path!r} has label {num_classes - 1}: labels must be class "
+                         f"indices 0..C-1, and C cannot exceed the {len(arrays['y_train'])} "
+                         f"training examples")
     if arrays["y_test"].max() >= num_classes:
         raise FljaxError(f"y_test in {path!r} has label {arrays['y_test'].max()} not seen in y_train "
                          f"(labels 0..{num_classes - 1})")
