@@ -12,20 +12,7 @@ Every algorithm and wrapper is a top-level name, as optax exposes its transforms
 ``help(fljax.make_round)`` the round, ``help(fljax.probes)`` the in-round measurements.
 """
 
-from fljax.algorithms import (Algorithm, ClientContext, LocalSGD, fedadagrad, fedadam, fedavg,
-                              fedavgm, fedcm, feddecay, feddecorr, feddyn, fedexp, fedga, fedinit,
-                              fednova, fedntd, fedprox, fedsam, fedsgd, fedyogi, fomaml, gradalign,
-                              gradual_unfreezing, lbsgd, local_decay, local_sgd, moon,
-                              relaxed_init, reptile, scaffold, switch)
-from fljax.config import ExperimentConfig, load_config
-from fljax.data import FederatedData, federate, load_dataset
-from fljax.engine import RoundFunction, RoundState, init_state, make_round, sample_cohort
-from fljax.errors import FljaxError
-from fljax.evaluate import make_evaluator
-from fljax.experiment import Experiment, build
-from fljax.models import Model, from_module, make_model
-from fljax.train import results_table, run
-from fljax import probes
+import importlib
 
 __version__ = "0.1.0"
 
@@ -35,8 +22,35 @@ ALGORITHM_NAMES = ["fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm", "fedde
                    "reptile", "scaffold"]
 WRAPPER_NAMES = ["gradual_unfreezing", "local_decay", "relaxed_init", "switch"]
 
-__all__ = ["Algorithm", "ClientContext", "Experiment", "ExperimentConfig", "FederatedData",
-           "FljaxError", "LocalSGD", "Model", "RoundFunction", "RoundState", "build", "federate",
-           "from_module", "init_state", "load_config", "load_dataset", "local_sgd",
-           "make_evaluator", "make_model", "make_round", "results_table", "run",
-           "sample_cohort"] + ALGORITHM_NAMES + WRAPPER_NAMES
+# Where each public name lives. They are imported on first use (PEP 562), so ``import fljax`` and
+# the CLI start in milliseconds and Ctrl-C during the heavy imports (jax, orbax) is the CLI's.
+_HOMES = {
+    "fljax.algorithms": ["Algorithm", "ClientContext", "LocalSGD", "local_sgd", *ALGORITHM_NAMES,
+                         *WRAPPER_NAMES],
+    "fljax.config": ["ExperimentConfig", "load_config"],
+    "fljax.data": ["FederatedData", "federate", "load_dataset"],
+    "fljax.engine": ["RoundFunction", "RoundState", "init_state", "make_round", "sample_cohort"],
+    "fljax.errors": ["FljaxError"],
+    "fljax.evaluate": ["make_evaluator"],
+    "fljax.experiment": ["Experiment", "build"],
+    "fljax.models": ["Model", "from_module", "make_model"],
+    "fljax.train": ["results_table", "run"],
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+_SUBMODULES = ("accounting", "algorithms", "data", "models", "probes", "sweep")
+
+__all__ = sorted(_HOME) + ["probes"]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fljax.{name}")
+    if name not in _HOME:
+        raise AttributeError(f"module 'fljax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(globals()))

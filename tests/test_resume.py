@@ -276,6 +276,33 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+# Ctrl-C the moment jax starts importing (the first seconds of any fljax command).
+INTERRUPT_AT_JAX_IMPORT = """
+import os, signal, sys
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from fljax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_jax_imports_exits_130_with_one_line(tmp_path):
+    """``import fljax`` and the CLI module import no heavy module, so the CLI's handler is in
+    place before jax, orbax and tensorflow-datasets load: exit 130, one line, nothing written."""
+    out_dir = str(tmp_path / "r")
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_AT_JAX_IMPORT, *CLI[3:],
+                          "--out-dir", out_dir], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert out.stderr.strip() == "fljax: interrupted during start-up; nothing was written"
+    assert not os.path.exists(out_dir)
+
+
 @pytest.mark.parametrize("module, name, message", [
     ("fljax.data.loaders", "load_dataset", "interrupted during start-up; nothing was written"),
     ("fljax.train", "RunLog",
