@@ -21,6 +21,7 @@ A sweep file::
                                                      selected on (maximized; default
                                                      val_accuracy: the validation split)
      "compare": [["FedGA", "FedAvg"], ...]}          optional: paired differences to report
+                                                     (of each tabulated metric)
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
 ``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
@@ -29,7 +30,8 @@ grid for every seed; its table entry is the point with the best mean over seeds 
 ``selection`` score, which must come from data held out of the test set (``validation_fraction``
 > 0 gives ``val_accuracy``: a share of the training examples kept out of the clients), and the
 entry reports the TEST scores of that point's runs. ``compare`` pairs two columns: the mean and
-std over seeds of their difference in final test accuracy at the selected points (the same seed
+std over seeds of their difference in each tabulated metric (default the final test accuracy) at
+the selected points (the same seed
 on both sides: the same split, initialization and sampling) and the p-value of a paired t-test.
 
 Run (row, column, seed) has the config ``base + scale.base + row + scale[row] + column +
@@ -261,7 +263,8 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                                       for column in columns) + " |")
         for label, key in sweep.get("metrics", {"": "accuracy"}).items():
             scale_of = 100 if "acc" in key else 1       # accuracies in %
-            finals = [[scale_of * evals[-1][key] for evals in r] for r in runs]
+            finals = [[scale_of * evals[-1][key] for evals in r if key in evals[-1]]
+                      for r in runs]                    # '-' where a column does not log it
             cells_text = [mean_std(f) for f in finals]
             if "acc" in key:
                 best = max(range(len(columns)),
@@ -277,13 +280,16 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                     f"{statistics.mean(factor * h[key] for h in hit):.3g}"
                     for hit in reach) + " |")
     pairs = sweep.get("compare", [])
-    if pairs:
-        lines += ["", "| paired difference of test accuracy (points) | "
-                  + " | ".join(sweep["rows"]) + " |", "|---|" + "---|" * len(sweep["rows"])]
+    for label, key in (sweep.get("metrics", {"test accuracy": "accuracy"}) if pairs else {}).items():
+        factor = 100 if "acc" in key else 1
+        lines += ["", f"| paired difference of {label or key}{' (points)' if factor == 100 else ''}"
+                  f" | " + " | ".join(sweep["rows"]) + " |", "|---|" + "---|" * len(sweep["rows"])]
         for a, b in pairs:
             lines.append(f"| {a} - {b} | " + " | ".join(
-                paired_difference([100 * e[-1]["accuracy"] for e in chosen[row, a][1]],
-                                  [100 * e[-1]["accuracy"] for e in chosen[row, b][1]])
+                paired_difference([factor * e[-1][key] for e in chosen[row, a][1]
+                                   if key in e[-1]],
+                                  [factor * e[-1][key] for e in chosen[row, b][1]
+                                   if key in e[-1]])
                 for row in sweep["rows"]) + " |")
     return "\n".join(lines)
 

@@ -179,6 +179,7 @@ def test_selection_uses_the_validation_split_and_reports_test_and_paired_stats(t
     assert lines[2] == "| Dir: selected on val_accuracy | lr=0.2 | lr=0.1, mu=0.01 |"
     assert lines[3] == "| Dir | 72.00 ± 2.00 | **76.00 ± 2.65** |"
     p = scipy.stats.ttest_rel([75, 79, 74], [70, 74, 72]).pvalue
+    assert lines[-3] == "| paired difference of test accuracy (points) | Dir |"
     assert lines[-1] == f"| P - A | +4.00 ± 1.73 (p = {p:.2g}, n = 3) |"
     no_validation = {c: [{k: v for k, v in e[0].items() if k != "val_accuracy"}]
                      for c, e in results.items()}
