@@ -56,7 +56,7 @@ import scipy.stats
 
 from fljax.config import ExperimentConfig, current_names
 from fljax.errors import FljaxError
-from fljax.train import to_target
+from fljax.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics", "selection", "compare"}
@@ -211,12 +211,18 @@ TARGET_COSTS = (("rounds", "rounds", 1.0), ("MB", "bytes", 1e-6), ("GFLOPs", "fl
 
 def run_sweep(sweep: dict[str, Any], cell_list: list[Cell],
               train: Callable[[ExperimentConfig], list[dict[str, Any]]]) -> dict[Cell, list]:
-    """Run every cell with ``train(config) -> evaluations``; their evaluations by cell."""
+    """Run every cell with ``train(config) -> evaluations``; their evaluations by cell. A run that
+    diverges (NaN) is recorded as ``[{'round': R, 'diverged': True}]``: its grid point loses the
+    selection, and the table counts it."""
     results = {}
     for i, cell in enumerate(cell_list):
         print(f"[{i + 1}/{len(cell_list)}] {cell.row} / {cell.column} / seed {cell.seed}",
               flush=True)
-        results[cell] = train(cell.config)
+        try:
+            results[cell] = train(cell.config)
+        except Diverged as e:
+            print(f"    diverged at round {e.round}", flush=True)
+            results[cell] = [{"round": e.round, "diverged": True}]
     return results
 
 
@@ -232,12 +238,20 @@ def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
         return (), []
     key = sweep.get("selection", "val_accuracy")
     if len(runs) > 1:
-        missing = [s for s, r in runs.items() if any(key not in e[-1] for _, e in r)]
+        missing = [s for s, r in runs.items()
+                   if any(key not in e[-1] and not e[-1].get("diverged") for _, e in r)]
         if missing:
             raise FljaxError(f"sweep cell {row!r} / {column!r} has a grid but its runs have no "
                              f"{key!r} to select on: set validation_fraction > 0 (a split held "
                              f"out of the training data; never select on the test set)")
-    best = max(runs, key=lambda s: statistics.mean(e[-1].get(key, 0.0) for _, e in runs[s]))
+
+    def score(setting):      # a point with a diverged seed never wins
+        finals = [e[-1] for _, e in runs[setting]]
+        if any(f.get("diverged") for f in finals):
+            return float("-inf")
+        return statistics.mean(f.get(key, 0.0) for f in finals)
+
+    best = max(runs, key=score)
     return best, [evals for _, evals in sorted(runs[best], key=lambda r: r[0])]
 
 
@@ -265,7 +279,9 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
             scale_of = 100 if "acc" in key else 1       # accuracies in %
             finals = [[scale_of * evals[-1][key] for evals in r if key in evals[-1]]
                       for r in runs]                    # '-' where a column does not log it
-            cells_text = [mean_std(f) for f in finals]
+            failed = [sum(bool(evals[-1].get("diverged")) for evals in r) for r in runs]
+            cells_text = [mean_std(f) + (f" ({k} of {len(r)} diverged)" if k else "")
+                          for f, k, r in zip(finals, failed, runs)]
             if "acc" in key:
                 best = max(range(len(columns)),
                            key=lambda j: statistics.mean(finals[j] or [-1.0]))

@@ -32,6 +32,14 @@ from fljax.logs import RunLog, read_log
 from fljax.personalize import finetune_key
 
 
+class Diverged(FljaxError):
+    """The loss or the global model became NaN or Inf in round ``round`` (nothing bad is saved)."""
+
+    def __init__(self, message: str, round_index: int):
+        super().__init__(message)
+        self.round = round_index
+
+
 class RunInterrupted(Exception):
     """Ctrl-C stopped the run after saving a checkpoint of the last finished round."""
 
@@ -114,13 +122,13 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
             what = f"the training loss is {loss}" if not math.isfinite(loss) else \
                 "the global model has NaN or Inf parameters"
             kept = checkpoints.latest_round()
-            raise FljaxError(
+            raise Diverged(
                 f"round {round_index}: {what} with algorithm {experiment.algorithm.name!r}; "
                 f"stopped. A too large learning rate (lr={config.lr}, server_lr="
                 f"{config.server_lr}) or algorithm coefficient is the usual cause. "
                 + (f"The last good checkpoint (round {kept}) is kept in "
                    f"{checkpoints.directory!r}" if kept is not None else "No checkpoint was "
-                   "written yet"))
+                   "written yet"), round_index)
         extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
         clients = np.asarray(m["clients"])
         cohort = clients[clients >= 0].tolist()

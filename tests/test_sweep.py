@@ -12,7 +12,7 @@ from fljax import sweep
 from fljax.cli import main
 from fljax.errors import FljaxError
 from fljax.experiment import build
-from fljax.train import run
+from fljax.train import Diverged, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEPS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.json"))
@@ -196,3 +196,27 @@ def test_a_validation_split_is_held_out_of_the_clients_and_scored(tmp_path):
     assert int(experiment.data.count.sum()) == len(full.y_train) - round(0.2 * len(full.y_train))
     evaluations = run(config, progress=False)
     assert 0 <= evaluations[-1]["val_accuracy"] <= 1 and "val_loss" in evaluations[-1]
+
+
+def test_a_diverging_grid_point_is_recorded_and_never_selected(tmp_path):
+    """A NaN run does not stop the sweep: it is recorded, its point cannot win the selection
+    (even with a higher validation score on the seeds that finished), and the table counts it."""
+    cells = sweep.cells(GRID_SPEC, None, str(tmp_path))
+
+    def train(config):
+        if json.loads(config.algorithm_args).get("mu") == 0.1 and config.seed == 2:
+            raise Diverged("round 3: the training loss is nan", 3)
+        good = config.algorithm == "fedprox" and json.loads(config.algorithm_args)["mu"] == 0.1
+        return [{"round": 2, "accuracy": 0.5, "val_accuracy": 0.9 if good else 0.4}]
+
+    results = sweep.run_sweep(GRID_SPEC, cells, train)
+    diverged = [c for c, e in results.items() if e[-1].get("diverged")]
+    assert len(diverged) == 1 and results[diverged[0]] == [{"round": 3, "diverged": True}]
+    lines = sweep.table(GRID_SPEC, results).splitlines()
+    assert lines[2].endswith("| lr=0.1, mu=0.01 |")       # mu 0.1 had the best val score
+
+    no_grid = {**GRID_SPEC, "columns": {"P": {"algorithm": "fedprox",
+                                              "algorithm_args": {"mu": 0.1}}}, "compare": []}
+    results = sweep.run_sweep(no_grid, sweep.cells(no_grid, None, str(tmp_path)), train)
+    assert sweep.table(no_grid, results).splitlines()[2] == \
+        "| Dir | **50.00 ± 0.00 (1 of 3 diverged)** |"
