@@ -47,6 +47,8 @@ class ExperimentConfig:
     switch_to: str | None = None       # continue with this algorithm from round switch_at on
     switch_at: int = 0                 # (feddyn-as-initialization: FedDyn, then FedAvg)
     switch_args: str = "{}"            # JSON hyperparameters of switch_to
+    switch_carry_state: bool = False   # switch_to continues from the first algorithm's server and
+                                       #   client state (same structure: FedDyn -> a FedDyn variant)
     switch_when: str = "{}"            # JSON args of probes.switching_criterion: switch the round
                                        #   after Proposition 1's condition holds (switch_at unused),
                                        #   e.g. '{"zeta": 0.1, "smoothness": "estimate",

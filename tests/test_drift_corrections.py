@@ -138,7 +138,11 @@ def scaffold_reference(params, x, y, parts, *, option, undecayed_lr, lr, lr_deca
 def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regularization,
                      server_correction, lr, lr_decay, momentum, weight_decay, clip, **sched):
     """The official code: alpha_k = alpha / (n_k / sum(n) * N); loss CE + alpha_k <y, h_k - theta>,
-    SGD weight decay wd + alpha_k; h_k += y_k - theta; theta = mean_S y_k + mean over ALL N h_k."""
+    SGD weight decay wd + alpha_k; h_k += y_k - theta; theta = mean_S y_k + mean over ALL N h_k.
+    ``client_regularization`` and ``server_correction`` are booleans, or functions of the round t
+    (a variant switched mid-run that keeps every h_k)."""
+    per_round = lambda flag: flag if callable(flag) else (lambda t: flag)
+    regularized, corrected = per_round(client_regularization), per_round(server_correction)
     counts = np.array([len(p) for p in parts], np.float64)
     n_clients = len(parts)
     weight_list = counts / counts.sum() * n_clients
@@ -149,7 +153,7 @@ def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regul
         gamma = zeros(theta)
         for p, cid, steps in clients:
             a_k, h_k, server = alphas[cid], hs[cid], theta
-            if client_regularization:
+            if regularized(t):
                 in_loss = lambda v: tree_map(lambda h, s: a_k * (h - s), h_k, server)
                 decay = weight_decay + a_k
             else:
@@ -159,7 +163,7 @@ def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regul
             hs[cid] = tree_map(lambda h, a, b: h + (a - b), h_k, local, server)
             gamma = tree_map(lambda g, a: g + p * a, gamma, local)
         h_all = tree_map(lambda *leaves: sum(leaves) / n_clients, *hs)
-        theta = tree_map(np.add, gamma, h_all) if server_correction else gamma
+        theta = tree_map(np.add, gamma, h_all) if corrected(t) else gamma
     return theta, gamma, hs
 
 
