@@ -2,7 +2,8 @@
 
 FedDecay (feddecay.txt eq. 4, appendix B.3): local step k of client i uses the learning rate
 eta decay^t beta_j, j = k (per step) or floor(k / ceil(n_i / B)) (per epoch), beta_j = beta^j or
-max(1 - j (1 - beta), 0), restarting every round. FOMAML / Reptile (Nichol et al. 2018): the server
+max(1 - j (1 - beta), 0) (the paper's linear) or max(0, 1 - beta j) (the official code's linear),
+restarting every round. FOMAML / Reptile (Nichol et al. 2018): the server
 moves by eps_t sum_S p_i (theta_K - theta_p) with theta_p the model at the start of the last period
 (FOMAML) or the round's start (Reptile). Each reference is a numpy loop over the sampled clients
 (three of six, three rounds) and their local steps, randomness taken from fljax's own sampling.
@@ -30,6 +31,8 @@ def period_of(per, batch, n):
 
 
 def beta_j(beta, schedule, j):
+    if schedule == "linear_code":              # FederatedScope trainer_decay.py: 1 - beta * e
+        return max(0.0, 1.0 - beta * j)
     return beta ** j if schedule == "exponential" else max(1.0 - j * (1.0 - beta), 0.0)
 
 
@@ -99,6 +102,10 @@ FEDDECAY_CASES = {
     "linear_epoch_momentum_fedprox": dict(**EPOCHS3, **MOMENTUM, aggregation="examples",
                                           beta=0.4, schedule="linear", per="epoch", mu=0.5,
                                           server_lr=1.0),
+    # The official code's linear: beta_j = 1, 0.4, 0 per epoch (the paper's would be 1, 0.8, 0.6).
+    "linear_code_epoch_clip": dict(**EPOCHS3, lr=0.4, lr_decay=0.9, momentum=0.5,
+                                   weight_decay=1e-2, clip=0.5, aggregation="uniform", beta=0.6,
+                                   schedule="linear_code", per="epoch", mu=0.0, server_lr=1.0),
 }
 
 
@@ -116,9 +123,15 @@ def test_feddecay_matches_float64_reference(case):
         params, state, x, y, parts = run(alg, **sched)
     expected = feddecay_reference(params, x, y, parts, **local, **sched, **rest)
     assert_close(state.params, expected)
-    # The decay mattered: the same run without it (beta = 1) ends elsewhere.
-    plain = feddecay_reference(params, x, y, parts, **local, **sched, **rest | dict(beta=1.0))
+    # The decay mattered: the same run without it (every beta_j = 1) ends elsewhere.
+    none = 0.0 if rest["schedule"] == "linear_code" else 1.0
+    plain = feddecay_reference(params, x, y, parts, **local, **sched, **rest | dict(beta=none))
     assert global_norm(tree_map(np.subtract, plain, expected)) > 1e-3
+    if rest["schedule"] == "linear_code":     # it is the paper's linear with 1 - beta
+        with jax.enable_x64(True):
+            paper = run(feddecay(make_local(**local), 1.0 - rest["beta"], "linear", rest["per"]),
+                        **sched)[1].params
+        assert_close(paper, expected)
 
 
 REDUCTION = dict(aggregation="examples", **EPOCHS)
@@ -128,8 +141,9 @@ REDUCTION_LOCAL = make_local(0.4, 0.9, 0.5, 1e-2, 0.5)   # lr decay, momentum, w
 def test_beta_one_is_fedavg_exactly():
     with jax.enable_x64(True):
         expected = run(fedavg(REDUCTION_LOCAL), **REDUCTION)[1].params
-        for schedule in ("exponential", "linear"):
-            got = run(feddecay(REDUCTION_LOCAL, 1.0, schedule, per="step"), **REDUCTION)[1].params
+        for schedule, beta in (("exponential", 1.0), ("linear", 1.0), ("linear_code", 0.0)):
+            got = run(feddecay(REDUCTION_LOCAL, beta, schedule, per="step"),
+                      **REDUCTION)[1].params
             assert_bit_identical(got, expected)
 
 
@@ -210,8 +224,8 @@ def test_meta_learning_matches_float64_reference(case):
     (dict(beta=1.5), r"beta .* \[0, 1\], got 1.5"),
     (dict(beta=float("nan")), r"beta .* got nan"),
     (dict(beta="0.5"), r"beta .* got '0.5'"),
-    (dict(beta=0.5, schedule="cosine"), r"schedule must be one of \('exponential', 'linear'\), "
-                                        r"got 'cosine'"),
+    (dict(beta=0.5, schedule="cosine"), r"schedule must be one of \('exponential', 'linear', "
+                                        r"'linear_code'\), got 'cosine'"),
     (dict(beta=0.5, per="batch"), r"per must be one of \('step', 'epoch'\), got 'batch'"),
 ])
 def test_bad_decay_raises(kwargs, match):
