@@ -329,6 +329,48 @@ def test_scaffold_full_participation_makes_c_the_mean_of_the_client_variates():
     assert global_norm(mean_ci) > 1e-3
 
 
+def scaffold_ga_reference(params, x, y, parts, *, lr, lr_decay, momentum, weight_decay, clip,
+                          server_lr, **sched):
+    """The GradientAlignment code's Scaffold: every round the sampled clients' full gradients at x,
+    gbar = sum_S n_i g_i(x) / sum_S n_i; each local step on clip(g(y) + gbar - g_i(x)) + wd y;
+    x += eta_g sum_S p_i (y_i - x). No state across rounds."""
+    w = params
+    for t, clients in rounds_of(parts, **sched):
+        grads = {cid: mlp_loss_and_grad(w, x[parts[cid]], y[parts[cid]],
+                                        np.ones(len(parts[cid])))[1] for _, cid, _ in clients}
+        n = {cid: float(len(parts[cid])) for cid in grads}
+        gbar = tree_map(lambda *g: sum(n[c] * gi for c, gi in zip(grads, g)) / sum(n.values()),
+                        *grads.values())
+        delta = zeros(w)
+        for p, cid, steps in clients:
+            correction = tree_map(np.subtract, gbar, grads[cid])
+            local = local_train(w, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
+                                momentum=momentum, weight_decay=weight_decay, clip=clip,
+                                in_loss=lambda v: correction)
+            delta = tree_map(lambda d, a, b: d + p * (a - b), delta, local, w)
+        w = tree_map(lambda a, d: a + server_lr * d, w, delta)
+    return w
+
+
+@pytest.mark.parametrize("client_chunk", [1, 3])
+def test_scaffold_ga_option_matches_the_gradient_alignment_code(client_chunk):
+    local = dict(lr=0.3, lr_decay=0.9, momentum=0.5, weight_decay=1e-2, clip=0.5)
+    sched = dict(**EPOCHS, aggregation="uniform")     # uneven clients, as the GA code averages
+    with jax.enable_x64(True):
+        alg = scaffold(make_local(**local), server_lr=0.8, option="GA")
+        params, state, x, y, parts = run(alg, **sched, client_chunk=client_chunk)
+    w = scaffold_ga_reference(params, x, y, parts, server_lr=0.8, **local, **sched)
+    assert_close(state.params, w)
+    assert state.server_state == () and state.client_states == ()
+    assert [alg.exchanges(t) for t in range(3)] == [2, 2, 2] and alg.payload(0) == (2, 2)
+    # The fresh correction mattered: plain FedAvg (same server step) and option II end elsewhere.
+    fedavg_like = fedprox_reference(params, x, y, parts, mu=0.0, server_lr=0.8, **local, **sched)
+    option_ii = scaffold_reference(params, x, y, parts, option="II", undecayed_lr=False,
+                                   server_lr=0.8, **local, **sched)[0]
+    for other in (fedavg_like, option_ii):
+        assert global_norm(tree_map(np.subtract, other, w)) > 1e-3
+
+
 # ------------------------------------------------------------------------------------------------
 # FedDyn
 
