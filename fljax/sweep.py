@@ -14,7 +14,10 @@ A sweep file::
                                                      evaluation records per label: test scores,
                                                      evaluation probes, or the last round's
                                                      metrics such as FedInit's "divergence" or a
-                                                     probe's; default the test accuracy)
+                                                     probe's; default the test accuracy). A list
+                                                     of keys takes the first a run logs, e.g.
+                                                     ["gamma/accuracy", "accuracy"]: FedDyn's
+                                                     aggregate where a run has it
      "scales": {"cpu": {"base": {values}, "row or column name": {values},
                         "target_accuracy": 0.9}, "full": {...}}}
 
@@ -74,9 +77,12 @@ def load_sweep(path: str) -> dict[str, Any]:
             raise FljaxError(f"sweep {key} names {bad} may hold only letters, digits, spaces "
                              f"and _ . + - > ( )")
     metrics = sweep.get("metrics", {})
-    if not isinstance(metrics, dict) or not all(isinstance(v, str) for v in metrics.values()):
-        raise FljaxError(f"sweep 'metrics' must be an object of label -> evaluation key, got "
-                         f"{metrics!r}")
+    if not isinstance(metrics, dict) or not all(
+            isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(k, str)
+                                                                     for k in v))
+            for v in metrics.values()):
+        raise FljaxError(f"sweep 'metrics' must be an object of label -> evaluation key (or a "
+                         f"list of keys, the first logged one counts), got {metrics!r}")
     seeds = sweep.get("seeds", [0])
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
         raise FljaxError(f"sweep 'seeds' must be a non-empty list of integers, got {seeds!r}")
@@ -167,9 +173,12 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
     for row in sweep["rows"]:
         runs = [[evals for cell, evals in results.items()
                  if cell.row == row and cell.column == column and evals] for column in columns]
-        for label, key in sweep.get("metrics", {"": "accuracy"}).items():
+        for label, keys in sweep.get("metrics", {"": "accuracy"}).items():
+            keys = [keys] if isinstance(keys, str) else keys
+            key = keys[0]
             scale = 100 if "acc" in key else 1       # accuracies in %
-            finals = [[scale * evals[-1][key] for evals in r] for r in runs]
+            finals = [[scale * evals[-1][first_logged(evals[-1], keys)] for evals in r]
+                      for r in runs]
             cells_text = [mean_std(f) for f in finals]
             if "acc" in key:
                 best = max(range(len(columns)),
@@ -185,6 +194,11 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                     f"{statistics.mean(scale * h[key] for h in hit):.3g}"
                     for hit in reach) + " |")
     return "\n".join(lines)
+
+
+def first_logged(record: dict[str, Any], keys: list[str]) -> str:
+    """The first of ``keys`` that an evaluation record holds (the last one if none does)."""
+    return next((key for key in keys if key in record), keys[-1])
 
 
 def mean_std(values: list[float]) -> str:
