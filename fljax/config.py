@@ -74,6 +74,10 @@ class ExperimentConfig:
                                    "--switch-to fedavg)")
     switch_at: int = option(0, "algorithm", "the round --switch-to takes over")
     switch_args: str = option("{}", "algorithm", "hyperparameters of --switch-to, a JSON object")
+    switch_carry_state: bool = option(False, "algorithm", "--switch-to continues from the first "
+                                      "algorithm's server and client state (FedDyn -> FedDyn w/o "
+                                      "h keeps h_k, Figure 12); both states must have the same "
+                                      "structure")
     switch_when: str = option("{}", "algorithm", "switch to --switch-to the round after "
                               "Proposition 1's condition holds (a JSON object of "
                               "probes.switching_criterion's arguments, e.g. '{\"zeta\": 0.1, "

@@ -210,8 +210,8 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
 def build_algorithm(config: ExperimentConfig, model: Model,
                     data: FederatedData | None = None) -> algorithms.Algorithm:
     """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` (or when
-    Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, with the config's
-    wrappers."""
+    Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, carrying the state
+    over if ``switch_carry_state``, with the config's wrappers."""
     algorithm = make_algorithm(config.algorithm,
                                json_object("algorithm_args", config.algorithm_args),
                                config, model)
@@ -222,9 +222,11 @@ def build_algorithm(config: ExperimentConfig, model: Model,
         if when:
             criterion = call("switching_criterion", probes.switching_criterion, [],
                              criterion_args(when, config, model, data), {}, kind="switch_when")
-            algorithm = algorithms.switch(algorithm, then, when=criterion)
+            algorithm = algorithms.switch(algorithm, then, when=criterion,
+                                          carry_state=config.switch_carry_state)
         else:
-            algorithm = algorithms.switch(algorithm, then, config.switch_at)
+            algorithm = algorithms.switch(algorithm, then, config.switch_at,
+                                          carry_state=config.switch_carry_state)
     return wrap(algorithm, json_object("wrappers", config.wrappers), model)
 
 

@@ -14,7 +14,10 @@ A sweep file::
                                                      evaluation records per label: test scores,
                                                      evaluation probes, or the last round's
                                                      metrics such as FedInit's "divergence" or a
-                                                     probe's; default the test accuracy)
+                                                     probe's; default the test accuracy). A list
+                                                     of keys takes the first a run logs, e.g.
+                                                     ["gamma/accuracy", "accuracy"]: FedDyn's
+                                                     aggregate where a run has it
      "scales": {"cpu": {"base": {values}, "row or column name": {values},
                         "target_accuracy": 0.9}, "full": {...}},
      "selection": "val_accuracy",                    optional: the evaluation key a grid is
@@ -96,9 +99,12 @@ def load_sweep(path: str) -> dict[str, Any]:
             raise FljaxError(f"sweep {key} names {bad} may hold only letters, digits, spaces "
                              f"and _ . + - > ( )")
     metrics = sweep.get("metrics", {})
-    if not isinstance(metrics, dict) or not all(isinstance(v, str) for v in metrics.values()):
-        raise FljaxError(f"sweep 'metrics' must be an object of label -> evaluation key, got "
-                         f"{metrics!r}")
+    if not isinstance(metrics, dict) or not all(
+            isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(k, str)
+                                                                     for k in v))
+            for v in metrics.values()):
+        raise FljaxError(f"sweep 'metrics' must be an object of label -> evaluation key (or a "
+                         f"list of keys, the first logged one counts), got {metrics!r}")
     seeds = sweep.get("seeds", [0])
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
         raise FljaxError(f"sweep 'seeds' must be a non-empty list of integers, got {seeds!r}")
@@ -275,14 +281,16 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                          + " | ".join(", ".join(f"{k.split('.')[-1]}={v}"
                                                 for k, v in chosen[row, column][0]) or "-"
                                       for column in columns) + " |")
-        for label, key in sweep.get("metrics", {"": "accuracy"}).items():
-            scale_of = 100 if "acc" in key else 1       # accuracies in %
-            finals = [[scale_of * evals[-1][key] for evals in r if key in evals[-1]]
+        for label, keys in sweep.get("metrics", {"": "accuracy"}).items():
+            keys = [keys] if isinstance(keys, str) else keys
+            scale_of = 100 if "acc" in keys[0] else 1       # accuracies in %
+            finals = [[scale_of * evals[-1][first_logged(evals[-1], keys)] for evals in r
+                       if first_logged(evals[-1], keys) in evals[-1]]
                       for r in runs]                    # '-' where a column does not log it
             failed = [sum(bool(evals[-1].get("diverged")) for evals in r) for r in runs]
             cells_text = [mean_std(f) + (f" ({k} of {len(r)} diverged)" if k else "")
                           for f, k, r in zip(finals, failed, runs)]
-            if "acc" in key:
+            if "acc" in keys[0]:
                 best = max(range(len(columns)),
                            key=lambda j: statistics.mean(finals[j] or [-1.0]))
                 cells_text[best] = f"**{cells_text[best]}**"
@@ -296,18 +304,28 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                     f"{statistics.mean(factor * h[key] for h in hit):.3g}"
                     for hit in reach) + " |")
     pairs = sweep.get("compare", [])
-    for label, key in (sweep.get("metrics", {"test accuracy": "accuracy"}) if pairs else {}).items():
-        factor = 100 if "acc" in key else 1
-        lines += ["", f"| paired difference of {label or key}{' (points)' if factor == 100 else ''}"
-                  f" | " + " | ".join(sweep["rows"]) + " |", "|---|" + "---|" * len(sweep["rows"])]
+    for label, keys in (sweep.get("metrics", {"test accuracy": "accuracy"})
+                        if pairs else {}).items():
+        keys = [keys] if isinstance(keys, str) else keys
+        factor = 100 if "acc" in keys[0] else 1
+
+        def values(row, column):
+            return [factor * e[-1][first_logged(e[-1], keys)] for e in chosen[row, column][1]
+                    if first_logged(e[-1], keys) in e[-1]]
+
+        lines += ["", f"| paired difference of {label or keys[0]}"
+                  f"{' (points)' if factor == 100 else ''} | " + " | ".join(sweep["rows"])
+                  + " |", "|---|" + "---|" * len(sweep["rows"])]
         for a, b in pairs:
             lines.append(f"| {a} - {b} | " + " | ".join(
-                paired_difference([factor * e[-1][key] for e in chosen[row, a][1]
-                                   if key in e[-1]],
-                                  [factor * e[-1][key] for e in chosen[row, b][1]
-                                   if key in e[-1]])
-                for row in sweep["rows"]) + " |")
+                paired_difference(values(row, a), values(row, b)) for row in sweep["rows"])
+                + " |")
     return "\n".join(lines)
+
+
+def first_logged(record: dict[str, Any], keys: list[str]) -> str:
+    """The first of ``keys`` that an evaluation record holds (the last one if none does)."""
+    return next((key for key in keys if key in record), keys[-1])
 
 
 def paired_difference(a: list[float], b: list[float]) -> str:

@@ -52,7 +52,12 @@ CONFIGS = [ExperimentConfig(algorithm=name, lr=0.05).replace(
     ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.05),
     ExperimentConfig(algorithm="scaffold", lr=0.05, wrappers=json.dumps(ALL_WRAPPERS)),
     ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.05,
-                     wrappers=json.dumps({"relaxed_init": {"beta": 0.1}}))]
+                     wrappers=json.dumps({"relaxed_init": {"beta": 0.1}})),
+    ExperimentConfig(algorithm="feddyn", switch_to="feddyn", switch_at=2, lr=0.05,
+                     switch_args=json.dumps({"server_correction": False}),
+                     switch_carry_state=True),
+    ExperimentConfig(algorithm="scaffold", algorithm_args=json.dumps({"option": "GA"}), lr=0.05,
+                     wrappers=json.dumps({"local_decay": {"beta": 0.8, "shrink": True}}))]
 
 
 @pytest.mark.parametrize("config", CONFIGS,

@@ -138,7 +138,11 @@ def scaffold_reference(params, x, y, parts, *, option, undecayed_lr, lr, lr_deca
 def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regularization,
                      server_correction, lr, lr_decay, momentum, weight_decay, clip, **sched):
     """The official code: alpha_k = alpha / (n_k / sum(n) * N); loss CE + alpha_k <y, h_k - theta>,
-    SGD weight decay wd + alpha_k; h_k += y_k - theta; theta = mean_S y_k + mean over ALL N h_k."""
+    SGD weight decay wd + alpha_k; h_k += y_k - theta; theta = mean_S y_k + mean over ALL N h_k.
+    ``client_regularization`` and ``server_correction`` are booleans, or functions of the round t
+    (a variant switched mid-run that keeps every h_k)."""
+    per_round = lambda flag: flag if callable(flag) else (lambda t: flag)
+    regularized, corrected = per_round(client_regularization), per_round(server_correction)
     counts = np.array([len(p) for p in parts], np.float64)
     n_clients = len(parts)
     weight_list = counts / counts.sum() * n_clients
@@ -149,7 +153,7 @@ def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regul
         gamma = zeros(theta)
         for p, cid, steps in clients:
             a_k, h_k, server = alphas[cid], hs[cid], theta
-            if client_regularization:
+            if regularized(t):
                 in_loss = lambda v: tree_map(lambda h, s: a_k * (h - s), h_k, server)
                 decay = weight_decay + a_k
             else:
@@ -159,7 +163,7 @@ def feddyn_reference(params, x, y, parts, *, alpha, adaptive_alpha, client_regul
             hs[cid] = tree_map(lambda h, a, b: h + (a - b), h_k, local, server)
             gamma = tree_map(lambda g, a: g + p * a, gamma, local)
         h_all = tree_map(lambda *leaves: sum(leaves) / n_clients, *hs)
-        theta = tree_map(np.add, gamma, h_all) if server_correction else gamma
+        theta = tree_map(np.add, gamma, h_all) if corrected(t) else gamma
     return theta, gamma, hs
 
 
@@ -323,6 +327,48 @@ def test_scaffold_full_participation_makes_c_the_mean_of_the_client_variates():
     mean_ci = jax.tree.map(lambda a: a.mean(axis=0), state.client_states)
     assert_close(state.server_state, mean_ci)
     assert global_norm(mean_ci) > 1e-3
+
+
+def scaffold_ga_reference(params, x, y, parts, *, lr, lr_decay, momentum, weight_decay, clip,
+                          server_lr, **sched):
+    """The GradientAlignment code's Scaffold: every round the sampled clients' full gradients at x,
+    gbar = sum_S n_i g_i(x) / sum_S n_i; each local step on clip(g(y) + gbar - g_i(x)) + wd y;
+    x += eta_g sum_S p_i (y_i - x). No state across rounds."""
+    w = params
+    for t, clients in rounds_of(parts, **sched):
+        grads = {cid: mlp_loss_and_grad(w, x[parts[cid]], y[parts[cid]],
+                                        np.ones(len(parts[cid])))[1] for _, cid, _ in clients}
+        n = {cid: float(len(parts[cid])) for cid in grads}
+        gbar = tree_map(lambda *g: sum(n[c] * gi for c, gi in zip(grads, g)) / sum(n.values()),
+                        *grads.values())
+        delta = zeros(w)
+        for p, cid, steps in clients:
+            correction = tree_map(np.subtract, gbar, grads[cid])
+            local = local_train(w, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
+                                momentum=momentum, weight_decay=weight_decay, clip=clip,
+                                in_loss=lambda v: correction)
+            delta = tree_map(lambda d, a, b: d + p * (a - b), delta, local, w)
+        w = tree_map(lambda a, d: a + server_lr * d, w, delta)
+    return w
+
+
+@pytest.mark.parametrize("client_chunk", [1, 3])
+def test_scaffold_ga_option_matches_the_gradient_alignment_code(client_chunk):
+    local = dict(lr=0.3, lr_decay=0.9, momentum=0.5, weight_decay=1e-2, clip=0.5)
+    sched = dict(**EPOCHS, aggregation="uniform")     # uneven clients, as the GA code averages
+    with jax.enable_x64(True):
+        alg = scaffold(make_local(**local), server_lr=0.8, option="GA")
+        params, state, x, y, parts = run(alg, **sched, client_chunk=client_chunk)
+    w = scaffold_ga_reference(params, x, y, parts, server_lr=0.8, **local, **sched)
+    assert_close(state.params, w)
+    assert state.server_state == () and state.client_states == ()
+    assert [alg.exchanges(t) for t in range(3)] == [2, 2, 2] and alg.payload(0) == (2, 2)
+    # The fresh correction mattered: plain FedAvg (same server step) and option II end elsewhere.
+    fedavg_like = fedprox_reference(params, x, y, parts, mu=0.0, server_lr=0.8, **local, **sched)
+    option_ii = scaffold_reference(params, x, y, parts, option="II", undecayed_lr=False,
+                                   server_lr=0.8, **local, **sched)[0]
+    for other in (fedavg_like, option_ii):
+        assert global_norm(tree_map(np.subtract, other, w)) > 1e-3
 
 
 # ------------------------------------------------------------------------------------------------

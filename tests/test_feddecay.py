@@ -2,7 +2,9 @@
 
 FedDecay (feddecay.txt eq. 4, appendix B.3): local step k of client i uses the learning rate
 eta decay^t beta_j, j = k (per step) or floor(k / ceil(n_i / B)) (per epoch), beta_j = beta^j or
-max(1 - j (1 - beta), 0), restarting every round. FOMAML / Reptile (Nichol et al. 2018): the server
+max(1 - j (1 - beta), 0) (the paper's linear) or max(0, 1 - beta j) (the official code's linear),
+restarting every round; or (``shrink``, the official code's epoch mode) each period at the full
+lr, its displacement then scaled by beta_j. FOMAML / Reptile (Nichol et al. 2018): the server
 moves by eps_t sum_S p_i (theta_K - theta_p) with theta_p the model at the start of the last period
 (FOMAML) or the round's start (Reptile). Each reference is a numpy loop over the sampled clients
 (three of six, three rounds) and their local steps, randomness taken from fljax's own sampling.
@@ -20,7 +22,7 @@ from fljax.algorithms.feddecay import feddecay, local_decay
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.meta import fomaml, reptile
 from fljax.errors import FljaxError
-from tests.reference import global_norm, tree_map
+from tests.reference import global_norm, mlp_loss_and_grad, tree_map
 from tests.test_drift_corrections import (EPOCHS, STEPS, assert_close, local_models, make_local,
                                           rounds_of, run, split)
 
@@ -30,13 +32,39 @@ def period_of(per, batch, n):
 
 
 def beta_j(beta, schedule, j):
+    if schedule == "linear_code":              # FederatedScope trainer_decay.py: 1 - beta * e
+        return max(0.0, 1.0 - beta * j)
     return beta ** j if schedule == "exponential" else max(1.0 - j * (1.0 - beta), 0.0)
 
 
+def shrunk_local(start, x, y, part, steps, *, period, coefficient, lr, momentum, weight_decay,
+                 clip):
+    """FederatedScope trainer_decay.py, epoch mode: torch SGD after clip_grad_norm_ at the full
+    lr; at the end of period j (on_epoch_end, also after a partial last period) theta <- theta_p
+    + coefficient(j) (theta - theta_p), theta_p saved at its start; the momentum buffer goes on."""
+    theta, buf = tree_map(np.copy, start), None
+    for k, (positions, mask) in enumerate(steps):
+        if k % period == 0:
+            theta_p = theta
+        examples = part[np.minimum(positions, len(part) - 1)]
+        _, g = mlp_loss_and_grad(theta, x[examples], y[examples], mask)
+        if clip is not None:
+            norm = global_norm(g)
+            g = tree_map(lambda a: a * clip / max(norm, clip), g)
+        g = tree_map(lambda a, b: a + weight_decay * b, g, theta)
+        buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
+        theta = tree_map(lambda a, b: a - lr * b, theta, buf)
+        if (k + 1) % period == 0 or k == len(steps) - 1:
+            b = coefficient(k // period)
+            theta = tree_map(lambda a, s: s + b * (a - s), theta, theta_p)
+    return theta
+
+
 def feddecay_reference(params, x, y, parts, *, beta, schedule, per, mu, lr, lr_decay, momentum,
-                       weight_decay, clip, server_lr, **sched):
-    """w^{t+1} = w^t + eta_g sum_S p_i (y_i,K - w^t); local lr eta decay^t beta_j; a proximal
-    term mu/2 ||y - w^t||^2 in the local loss when mu > 0 (FedDecay over FedProx)."""
+                       weight_decay, clip, server_lr, shrink=False, **sched):
+    """w^{t+1} = w^t + eta_g sum_S p_i (y_i,K - w^t); local lr eta decay^t beta_j (or, with
+    ``shrink``, each period's displacement scaled by beta_j); a proximal term
+    mu/2 ||y - w^t||^2 in the local loss when mu > 0 (FedDecay over FedProx)."""
     w = params
     for t, clients in rounds_of(parts, **sched):
         delta = tree_map(np.zeros_like, w)
@@ -44,10 +72,17 @@ def feddecay_reference(params, x, y, parts, *, beta, schedule, per, mu, lr, lr_d
             period = period_of(per, sched["batch"], len(parts[cid]))
             anchor = w
             in_loss = (lambda v: tree_map(lambda a, b: mu * (a - b), v, anchor)) if mu else None
-            end = local_models(w, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
-                               momentum=momentum, weight_decay=weight_decay, clip=clip,
-                               scale=lambda k: beta_j(beta, schedule, k // period),
-                               in_loss=in_loss)[-1]
+            if shrink:
+                assert not mu
+                end = shrunk_local(w, x, y, parts[cid], steps, period=period,
+                                   coefficient=lambda j: beta_j(beta, schedule, j),
+                                   lr=lr * lr_decay ** t, momentum=momentum,
+                                   weight_decay=weight_decay, clip=clip)
+            else:
+                end = local_models(w, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
+                                   momentum=momentum, weight_decay=weight_decay, clip=clip,
+                                   scale=lambda k: beta_j(beta, schedule, k // period),
+                                   in_loss=in_loss)[-1]
             delta = tree_map(lambda d, a, b: d + p * (a - b), delta, end, w)
         w = tree_map(lambda a, d: a + server_lr * d, w, delta)
     return w
@@ -99,15 +134,32 @@ FEDDECAY_CASES = {
     "linear_epoch_momentum_fedprox": dict(**EPOCHS3, **MOMENTUM, aggregation="examples",
                                           beta=0.4, schedule="linear", per="epoch", mu=0.5,
                                           server_lr=1.0),
+    # The official code's linear: beta_j = 1, 0.4, 0 per epoch (the paper's would be 1, 0.8, 0.6).
+    "linear_code_epoch_clip": dict(**EPOCHS3, lr=0.4, lr_decay=0.9, momentum=0.5,
+                                   weight_decay=1e-2, clip=0.5, aggregation="uniform", beta=0.6,
+                                   schedule="linear_code", per="epoch", mu=0.0, server_lr=1.0),
+    # The official code's epoch mode: each epoch at the full lr, then its displacement shrunk.
+    "exponential_epoch_shrink_clip_momentum": dict(**EPOCHS3, lr=0.4, lr_decay=0.9, momentum=0.5,
+                                                   weight_decay=1e-2, clip=0.5,
+                                                   aggregation="uniform", beta=0.3,
+                                                   schedule="exponential", per="epoch", mu=0.0,
+                                                   server_lr=1.0, shrink=True),
+    # K = 5 steps of batch 4: a partial last epoch (1 to 3 steps), shrunk at the last step.
+    "linear_code_partial_epoch_shrink": dict(batch=4, local_steps=5, local_epochs=None,
+                                             **MOMENTUM, aggregation="examples", beta=0.6,
+                                             schedule="linear_code", per="epoch", mu=0.0,
+                                             server_lr=0.8, shrink=True),
 }
 
 
 @pytest.mark.parametrize("case", sorted(FEDDECAY_CASES))
 def test_feddecay_matches_float64_reference(case):
     local, sched, rest = split(FEDDECAY_CASES[case])
-    decay = {k: rest[k] for k in ("beta", "schedule", "per")}
+    decay = {k: rest[k] for k in ("beta", "schedule", "per") if k in rest}
+    decay["shrink"] = rest.get("shrink", False)
     with jax.enable_x64(True):
         if rest["mu"]:
+            assert not decay["shrink"]
             alg = local_decay(fedprox(make_local(**local), mu=rest["mu"],
                                       server_optimizer=optax.sgd(rest["server_lr"])), **decay)
         else:
@@ -116,9 +168,29 @@ def test_feddecay_matches_float64_reference(case):
         params, state, x, y, parts = run(alg, **sched)
     expected = feddecay_reference(params, x, y, parts, **local, **sched, **rest)
     assert_close(state.params, expected)
-    # The decay mattered: the same run without it (beta = 1) ends elsewhere.
-    plain = feddecay_reference(params, x, y, parts, **local, **sched, **rest | dict(beta=1.0))
+    # The decay mattered: the same run without it (every beta_j = 1) ends elsewhere.
+    none = 0.0 if rest["schedule"] == "linear_code" else 1.0
+    plain = feddecay_reference(params, x, y, parts, **local, **sched, **rest | dict(beta=none))
     assert global_norm(tree_map(np.subtract, plain, expected)) > 1e-3
+    if rest["schedule"] == "linear_code":     # it is the paper's linear with 1 - beta
+        with jax.enable_x64(True):
+            paper = run(feddecay(make_local(**local), 1.0 - rest["beta"], "linear", rest["per"],
+                                 optax.sgd(rest["server_lr"]), shrink=decay["shrink"]),
+                        **sched)[1].params
+        assert_close(paper, expected)
+    if decay["shrink"]:                       # shrinking epochs is not decaying the lr in them
+        by_lr = feddecay_reference(params, x, y, parts, **local, **sched,
+                                   **rest | dict(shrink=False))
+        assert global_norm(tree_map(np.subtract, by_lr, expected)) > 1e-3
+
+
+def test_shrink_per_step_is_the_learning_rate_decay():
+    """One step per period: shrinking the step's displacement by beta_j is scaling its lr."""
+    local = dict(MOMENTUM, clip=0.5)
+    with jax.enable_x64(True):
+        runs = [run(feddecay(make_local(**local), 0.5, "exponential", per="step", shrink=shrink),
+                    **STEPS, aggregation="examples")[1].params for shrink in (False, True)]
+    assert_close(*runs)
 
 
 REDUCTION = dict(aggregation="examples", **EPOCHS)
@@ -128,8 +200,9 @@ REDUCTION_LOCAL = make_local(0.4, 0.9, 0.5, 1e-2, 0.5)   # lr decay, momentum, w
 def test_beta_one_is_fedavg_exactly():
     with jax.enable_x64(True):
         expected = run(fedavg(REDUCTION_LOCAL), **REDUCTION)[1].params
-        for schedule in ("exponential", "linear"):
-            got = run(feddecay(REDUCTION_LOCAL, 1.0, schedule, per="step"), **REDUCTION)[1].params
+        for schedule, beta in (("exponential", 1.0), ("linear", 1.0), ("linear_code", 0.0)):
+            got = run(feddecay(REDUCTION_LOCAL, beta, schedule, per="step"),
+                      **REDUCTION)[1].params
             assert_bit_identical(got, expected)
 
 
@@ -210,8 +283,8 @@ def test_meta_learning_matches_float64_reference(case):
     (dict(beta=1.5), r"beta .* \[0, 1\], got 1.5"),
     (dict(beta=float("nan")), r"beta .* got nan"),
     (dict(beta="0.5"), r"beta .* got '0.5'"),
-    (dict(beta=0.5, schedule="cosine"), r"schedule must be one of \('exponential', 'linear'\), "
-                                        r"got 'cosine'"),
+    (dict(beta=0.5, schedule="cosine"), r"schedule must be one of \('exponential', 'linear', "
+                                        r"'linear_code'\), got 'cosine'"),
     (dict(beta=0.5, per="batch"), r"per must be one of \('step', 'epoch'\), got 'batch'"),
 ])
 def test_bad_decay_raises(kwargs, match):

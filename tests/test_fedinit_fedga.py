@@ -15,6 +15,7 @@ import pytest
 
 from fljax.algorithms import fedavg, fedsgd, local_sgd, scaffold
 from fljax.algorithms.fedga import fedga, gradalign, lbsgd
+from fljax.algorithms.feddyn import feddyn
 from fljax.algorithms.fedinit import fedinit, relaxed_init
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round, round_key, sample_cohort
@@ -154,6 +155,57 @@ def test_scaffold_with_relaxed_init_matches_the_fl_simulator_rule():
     plain = scaffold_ri_reference(params, x, y, parts, beta=0.0, server_lr=0.8, **local,
                                   **sched)[0]
     assert global_norm(tree_map(np.subtract, plain, w)) > 1e-3
+
+
+def feddyn_ri_reference(params, x, y, parts, *, beta, rule, alpha, lr, lr_decay, momentum,
+                        weight_decay, clip, **sched):
+    """FedDyn (alpha_k = alpha, as FL-Simulator) with relaxed starts s_i = w + beta (w - last_i),
+    unweighted. The prox centre and h reference r_i and the aggregate G per ``rule``:
+    'final' (Algorithm 1 with FedDyn's own rules): r_i = w, G = mean_S y_i;
+    'start' (fljax's default): r_i = s_i, G = w + mean_S (y_i - s_i);
+    'flsim' (FL-Simulator server/FedDyn.py + client/feddyn.py): r_i = s_i, G = mean_S y_i.
+    Local gradient clip(g + alpha (h_i - r_i)) + (wd + alpha) y; h_i += y_i - r_i;
+    w <- G + mean over ALL clients of h."""
+    n_clients = len(parts)
+    w = params
+    hs, lasts = [zeros(params) for _ in range(n_clients)], [params] * n_clients
+    for t, clients in rounds_of(parts, seed=SEED, **sched):
+        aggregate = zeros(w)
+        for p, cid, steps in clients:
+            start = tree_map(lambda a, b: a + beta * (a - b), w, lasts[cid])
+            ref, h = (w if rule == "final" else start), hs[cid]
+            local = local_train(start, x, y, parts[cid], steps, lr=lr * lr_decay ** t,
+                                momentum=momentum, weight_decay=weight_decay + alpha, clip=clip,
+                                in_loss=lambda v: tree_map(lambda a, b: alpha * (a - b), h, ref))
+            hs[cid] = tree_map(lambda a, b, c: a + b - c, h, local, ref)
+            base = start if rule == "start" else zeros(w)
+            aggregate = tree_map(lambda g, a, b: g + p * (a - b), aggregate, local, base)
+            lasts[cid] = local
+        gamma = tree_map(np.add, w, aggregate) if rule == "start" else aggregate
+        w = tree_map(lambda g, *h: g + sum(h) / n_clients, gamma, *hs)
+    return w, hs, lasts
+
+
+@pytest.mark.parametrize("aggregate", ["start", "final"])
+def test_feddyn_with_relaxed_init_is_the_documented_rule(aggregate):
+    """relaxed_init(feddyn) with aggregate='final' is Algorithm 1 with FedDyn's own rules, 'start'
+    is fljax's default; FL-Simulator's FedDyn + RI is neither (fedinit.py's docstring)."""
+    sched = dict(**STEPS, aggregation="uniform")
+    local = dict(LOCAL, momentum=0.0)
+    with jax.enable_x64(True):
+        alg = relaxed_init(feddyn(make_local(**local), alpha=0.3, adaptive_alpha=False),
+                           beta=0.2, aggregate=aggregate)
+    params, state, metrics, x, y, parts = run(alg, **sched)
+    w, hs, lasts = feddyn_ri_reference(params, x, y, parts, beta=0.2, rule=aggregate, alpha=0.3,
+                                       **local, **sched)
+    assert_close(state.params, w)
+    for cid in range(len(SIZES)):
+        assert_close(client_row(state.client_states.inner, cid), hs[cid])
+        assert_close(client_row(state.client_states.last_model, cid), lasts[cid])
+    for other in {"start", "final", "flsim"} - {aggregate}:
+        moved = feddyn_ri_reference(params, x, y, parts, beta=0.2, rule=other, alpha=0.3,
+                                    **local, **sched)[0]
+        assert global_norm(tree_map(np.subtract, moved, w)) > 1e-3
 
 
 @pytest.mark.parametrize("aggregate,aggregation", [("start", "uniform"), ("final", "examples")])

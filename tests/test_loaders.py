@@ -148,3 +148,15 @@ def test_cifar_is_standardized_per_channel_as_in_the_feddyn_code(tmp_path, no_ne
     np.testing.assert_allclose(ds.x_train, (raw.x_train - np.array(mean)) / np.array(std),
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(ds.y_test, raw.y_test)
+
+
+def test_emnist_balanced_is_normalized_to_minus_one_one_as_in_the_fedga_code(tmp_path, no_network):
+    """FedGA's code: ToTensor (uint8 / 255) then Normalize((0.5,), (0.5,)): x / 127.5 - 1."""
+    with tfds.testing.mock_data(num_examples=6):
+        raw = load_tfds("emnist/balanced", data_dir=tmp_path, normalize=False)
+        ds = load_dataset("emnist/balanced", data_dir=tmp_path)
+    assert ds.num_classes == 47 and ds.x_train.shape == (6, 28, 28, 1)
+    np.testing.assert_allclose(ds.x_train, raw.x_train / 127.5 - 1.0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ds.x_test, raw.x_test / 127.5 - 1.0, rtol=1e-6, atol=1e-6)
+    assert -1.0 <= ds.x_train.min() < 0.0 < ds.x_train.max() <= 1.0
+    assert no_network == []

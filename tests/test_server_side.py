@@ -320,6 +320,45 @@ def test_fedexp_matches_reference(case):
     assert_moved(iterates[-1], iterates[0])
 
 
+def fedbug_fedexp_reference(*, lr, rounds):
+    """FedBug's utils_methods.py, mode "fedexp": unweighted D_i = y_i - w over the M sampled
+    clients, lr = max(1, mean ||D_i||^2 / (||mean D_i||^2 + len(selected * 0.001) = M)),
+    w <- w + lr (mean y_i - w); its avg_model (what it evaluates) is that last iterate."""
+    w = start_params()
+    iterates, steps = [w], []
+    for t, clients in rounds_of(rounds, aggregation="uniform", **STEPS):
+        deltas = [tree_map(lambda a, b: a - b, local_sgd_np(w, cid, steps_i, lr=lr), w)
+                  for _, cid, steps_i in clients]
+        m = len(deltas)
+        mean_delta = tree_map(lambda *d: sum(d) / m, *deltas)
+        avg_norm_params = sum(global_norm(d) ** 2 for d in deltas) / m
+        eta = max(1.0, avg_norm_params / (global_norm(mean_delta) ** 2 + m))
+        w = tree_map(lambda a, d: a + eta * d, w, mean_delta)
+        iterates.append(w)
+        steps.append(eta)
+    return iterates, steps
+
+
+def test_fedexp_as_fedbug_code_runs_it():
+    lr = 3.0                                   # large local steps: ||D_i||^2 ~ M, so eta_g > 1
+    alg = fedexp(algorithms.local_sgd(lr), eps=1.0, eps_times_cohort=True, half=False,
+                 evaluate="last")
+    states = run_fljax(alg, rounds=ROUNDS, aggregation="uniform", **STEPS)
+    iterates, steps = fedbug_fedexp_reference(lr=lr, rounds=ROUNDS)
+    assert min(steps) > 1.1                    # it extrapolated in every round
+    for t, state in enumerate(states):
+        assert_trees_close(state.params, iterates[t])
+        with jax.enable_x64(True):
+            models = {name: jax.tree.map(np.asarray, model) for name, model in
+                      alg.eval_models(state.params, state.server_state).items()}
+        assert list(models) == ["global", "average"]          # "global" is what is reported
+        assert_trees_close(models["global"], iterates[t])
+        if t > 0:
+            np.testing.assert_allclose(state.server_state.step_size, steps[t - 1], rtol=1e-12)
+            assert_trees_close(models["average"], iterates[t] if t == 1 else tree_map(
+                lambda a, b: (a + b) / 2, iterates[t], iterates[t - 1]))
+
+
 # ---------------------------------------------------------------------------------------------
 # FedNova
 
@@ -497,6 +536,7 @@ BAD = {
     "fedexp eps=nan": (lambda: fedexp(LOCAL, eps=float("nan")), "eps"),
     "fedexp eps_decay=0": (lambda: fedexp(LOCAL, eps_decay=0.0), "eps_decay"),
     "fedexp eps_decay>1": (lambda: fedexp(LOCAL, eps_decay=1.5), "eps_decay"),
+    "fedexp evaluate": (lambda: fedexp(LOCAL, evaluate="mean"), "evaluate"),
     "fednova mu<0": (lambda: fednova(LOCAL, mu=-1.0), "mu"),
     "fednova mu=nan": (lambda: fednova(LOCAL, mu=float("nan")), "mu"),
     "fednova optax local": (lambda: fednova(optax.sgd(0.1)), "LocalSGD"),

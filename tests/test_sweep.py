@@ -92,6 +92,25 @@ def test_table_mean_std_bold_best_and_rounds_to_target(tmp_path):
     assert lines[8] == "| Dir: rounds to 50% | x | x |"
 
 
+def test_a_metric_may_name_keys_in_order_of_preference(tmp_path):
+    """["gamma/accuracy", "accuracy"]: FedDyn's aggregate where a run logs it (FedBug's code
+    reports it for FedDyn), the global model elsewhere."""
+    spec = {**SPEC, "metrics": {"avg model": ["gamma/accuracy", "accuracy"],
+                                "all": "all_model/accuracy"}}
+    cells = sweep.cells(spec, "small", str(tmp_path), seeds=[0])
+    results = {c: [{"round": 4, "accuracy": 0.5, "all_model/accuracy": 0.6,
+                    **({"gamma/accuracy": 0.7} if c.column == "B->A" else {})}] for c in cells}
+    lines = sweep.table(spec, results, None).splitlines()
+    assert lines[2:4] == ["| IID: avg model | 50.00 | **70.00** |",
+                          "| IID: all | **60.00** | 60.00 |"]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(spec))
+    assert sweep.load_sweep(str(path))["metrics"]["avg model"] == ["gamma/accuracy", "accuracy"]
+    path.write_text(json.dumps({**spec, "metrics": {"a": []}}))
+    with pytest.raises(FljaxError, match="list of keys"):
+        sweep.load_sweep(str(path))
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])
 def test_every_scale_of_every_experiment_sweep_validates(path, tmp_path):
     spec = sweep.load_sweep(path)

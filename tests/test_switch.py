@@ -100,3 +100,61 @@ def test_eval_models_follow_the_active_algorithm():
 def test_bad_switch_round():
     with pytest.raises(FljaxError, match="at_round must be an integer >= 0, got -1"):
         switch(FIRST, THEN, -1)
+
+
+# FedDyn -> a FedDyn variant that keeps h_k (feddyn-as-initialization Figure 12).
+DYN_LOCAL = dict(lr=0.3, lr_decay=0.9, momentum=0.0, weight_decay=1e-2, clip=0.5)
+DYN_SCHED = dict(batch=4, local_steps=None, local_epochs=1, aggregation="uniform")
+
+
+@pytest.mark.parametrize("variant", ["server_correction", "client_regularization"])
+def test_carry_state_continues_feddyn_h_into_the_variant(variant):
+    """switch(FedDyn, FedDyn w/o h (or w/o Reg), 2, carry_state=True) equals the float64 official-
+    code reference that runs FedDyn for rounds 0-1 and the variant for rounds 2-3 with the SAME
+    h_k and H; without carry_state the variant restarts from h_k = 0 and ends elsewhere."""
+    from tests.test_drift_corrections import (assert_close, client_row, feddyn_reference,
+                                              make_local, run as run_dyn)
+    local, alpha, at = make_local(**DYN_LOCAL), 0.3, 2
+    first = algorithms.feddyn(local, alpha=alpha)
+    then = algorithms.feddyn(local, alpha=alpha, **{variant: False})
+    with jax.enable_x64(True):
+        carried = switch(first, then, at, carry_state=True)
+        params, state, x, y, parts = run_dyn(carried, **DYN_SCHED, rounds=4)
+        _, reset, *_ = run_dyn(switch(first, then, at), **DYN_SCHED, rounds=4)
+    flags = dict(client_regularization=True, server_correction=True)
+    flags[variant] = lambda t: t < at
+    theta, gamma, hs = feddyn_reference(params, x, y, parts, alpha=alpha, adaptive_alpha=True,
+                                        **flags, **DYN_LOCAL, **DYN_SCHED, rounds=4)
+    assert_close(state.params, theta)
+    (s1, s2), (c1, c2) = state.server_state, state.client_states
+    assert s2["state"] == () and c2 == ()
+    for cid, h in enumerate(hs):
+        assert_close(client_row(c1, cid), h)
+    assert_close(s1["state"].h_mean, jax.tree.map(lambda *a: sum(a) / len(hs), *hs))
+    assert_close(carried.eval_models(state.params, state.server_state)["gamma"], gamma)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(
+        jax.tree.leaves(reset.params), jax.tree.leaves(theta))) > 1e-3
+
+
+def test_carry_state_needs_states_of_the_same_structure():
+    alg = switch(algorithms.feddyn(algorithms.local_sgd(0.1)),
+                 algorithms.scaffold(algorithms.local_sgd(0.1)), 2, carry_state=True)
+    with pytest.raises(FljaxError, match="same server state"):
+        init_state(alg, initial_params(), 6, seed=0)
+    alg = switch(algorithms.feddyn(algorithms.local_sgd(0.1)), THEN, 2, carry_state=True)
+    with pytest.raises(FljaxError, match="'feddyn' and 'fedavg' to have the same client state"):
+        init_state(alg, initial_params(), 6, seed=0)
+
+
+def test_config_switch_carry_state_reaches_the_switch():
+    from fljax.config import ExperimentConfig
+    from fljax.experiment import build_algorithm
+    from fljax.models import make_model
+    model = make_model("mlp", (64,), 10)
+    for carry in (False, True):
+        config = ExperimentConfig(algorithm="feddyn", switch_to="feddyn", switch_at=2,
+                                  switch_args='{"server_correction": false}',
+                                  switch_carry_state=carry).validate()
+        alg = build_algorithm(config, model)
+        state = init_state(alg, model.init(jax.random.PRNGKey(0)), 4, seed=0)
+        assert (state.client_states[1] == ()) == carry

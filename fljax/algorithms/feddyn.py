@@ -41,7 +41,9 @@ The server state also keeps gamma^t, and ``eval_models`` reports {'global': thet
 ``client_regularization=False`` is "FedDyn w/o Reg" (plain local SGD; h_k and the server correction
 as in FedDyn; equal to alpha -> 0), ``server_correction=False`` is "FedDyn w/o h" (regularized
 clients; theta = gamma). Both off is FedAvg. Every variant keeps h_k (the local drift the
-paper measures, and the same state whatever the variant, so a run can switch between them).
+paper measures, and the same state whatever the variant, so a run can switch between them and keep
+it: ``switch(feddyn(...), feddyn(..., server_correction=False), T, carry_state=True)`` is Figure
+12's FedDyn -> FedDyn w/o h, continuing from FedDyn's h_k and H).
 
 Defaults are the official code's: alpha = 1e-2, adaptive alpha. The engine gives every client its
 n_k and the mean of n_j over all N clients (``ctx.num_examples``, ``ctx.mean_examples``), so

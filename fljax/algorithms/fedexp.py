@@ -5,10 +5,13 @@ Jhunjhunwala, Wang, Joshi, "FedExP: Speeding Up Federated Averaging via Extrapol
 Clients run FedAvg's local steps from x = w^t and send D_i = y_i,K - x together with the scalar
 p_i ||D_i||^2 (||.|| over all parameters). With D_bar = sum_{i in S} p_i D_i the server sets
 
-    eta_g   = max(1, sum_{i in S} p_i ||D_i||^2 / (2 (||D_bar||^2 + eps_t)))
+    eta_g   = max(1, c sum_{i in S} p_i ||D_i||^2 / (||D_bar||^2 + eps_t))
     w^{t+1} = w^t + eta_g D_bar
 
-(the paper writes sum_i ||D_i||^2 / (2M(||D_bar||^2 + eps)) for uniform weights p_i = 1/M).
+with c = 1/2 (the paper's and the official code's factor; ``half=True``, default)
+
+(the paper writes sum_i ||D_i||^2 / (2M(||D_bar||^2 + eps)) for uniform weights p_i = 1/M), or
+c = 1 (``half=False``, FedBug's copy, below).
 eps_t is the paper's eps (default, ``eps_times_cohort=False, eps_decay=1``) or the official code's
 (``Divyansh03/FedExP`` ``main.py``): ``eps_times_cohort=True`` multiplies it by the cohort size |S|,
 and ``eps_decay=d`` multiplies it by d**2 before every round, round 0 included:
@@ -19,14 +22,25 @@ The official code runs decay = 0.998 with eps = 1e-3 (CIFAR, CINIC) or 0.1 (EMNI
 lr is decayed the same way before every round: ``local_sgd(0.01 * 0.998, round_decay=0.998, ...)``.
 It weights by n_i (the engine's aggregation='examples').
 
-Evaluation uses the average of the last two global models:
+Evaluation (``evaluate="average"``, default, the paper and official code) uses the average of the
+last two global models:
 
     eval_models = {"global": (w^{t+1} + w^t) / 2, "last": w^{t+1}};
 
 training continues from w^{t+1}. As in the official code, the model evaluated after the first round
 (t = 0) is w^1 itself (``if t > 0 ... else w_vec_avg = w_vec_estimate``), and before any round both
-are the initial model. The server state also keeps the last eta_g (``step_size``) for logging.
-Not copied: FedBug's fedexp (eps = M and no 1/2) and the official ``fedavgm(exp)`` variant.
+are the initial model. ``evaluate="last"`` reports the last iterate instead,
+{"global": w^{t+1}, "average": (w^{t+1} + w^t) / 2}. The server state also keeps the last eta_g
+(``step_size``) for logging.
+
+FedBug's copy (``IandRover/FedBug`` ``utils_methods.py``, mode "fedexp"; the FedExP column of
+fedbug.txt Tables 1-2) computes ``max(1, mean_S ||D_i||^2 / (||mean_S D_i||^2 +
+len(selected_clnts*0.001)))``, where ``len(array * 0.001)`` is the number M = |S| of sampled
+clients: eps_t = M, no 1/2, unweighted means, and it reports the last iterate w^{t+1} (its
+``avg_model``) and the mean of all clients' latest models (``all_model``), never the two-iterate
+average. That is ``fedexp(local, eps=1.0, eps_times_cohort=True, half=False, evaluate="last")``
+with aggregation='uniform' (algorithms.md calls it a likely bug; fljax reproduces it as an option
+because FedBug's table was produced with it). Not copied: the official ``fedavgm(exp)`` variant.
 """
 
 from __future__ import annotations
@@ -54,14 +68,21 @@ def squared_norm(tree: Params) -> jax.Array:
     return sum(jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(tree))
 
 
+EVALUATES = ("average", "last")
+
+
 def fedexp(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, *, eps: float = 1e-3,
-           eps_times_cohort: bool = False, eps_decay: float = 1.0,
-           name: str = "fedexp") -> Algorithm:
-    """FedExP on FedAvg's clients; ``eps`` (paper form by default) as in the module docstring."""
+           eps_times_cohort: bool = False, eps_decay: float = 1.0, half: bool = True,
+           evaluate: str = "average", name: str = "fedexp") -> Algorithm:
+    """FedExP on FedAvg's clients; ``eps`` (paper form by default), the factor 1/2 (``half``) and
+    the evaluated model (``evaluate``) as in the module docstring."""
     if not (math.isfinite(eps) and eps > 0):
         raise FljaxError(f"eps must be > 0 and finite, got {eps}")
     if not 0 < eps_decay <= 1:
         raise FljaxError(f"eps_decay must be in (0, 1], got {eps_decay}")
+    if evaluate not in EVALUATES:
+        raise FljaxError(f"evaluate must be one of {EVALUATES}, got {evaluate!r}")
+    factor = 0.5 if half else 1.0
     base = fedavg(local, name=name)
 
     def server_init(params):
@@ -81,13 +102,15 @@ def fedexp(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, *, 
         dtype = mean_sq.dtype
         eps_t = eps * (cohort_size if eps_times_cohort else 1.0)
         eps_t = eps_t * jnp.asarray(eps_decay, dtype) ** (2 * (round_index + 1))
-        step = jnp.maximum(1.0, mean_sq / (2.0 * (squared_norm(delta) + eps_t))).astype(dtype)
+        step = jnp.maximum(1.0, factor * mean_sq / (squared_norm(delta) + eps_t)).astype(dtype)
         new = jax.tree.map(lambda x, d: (x - step * d).astype(x.dtype), params, delta)
         previous = jax.tree.map(lambda n, x: jnp.where(round_index == 0, n, x), new, params)
         return new, FedExPState(previous=previous, step_size=step)
 
     def eval_models(params, state):
         mean = jax.tree.map(lambda a, b: ((a + b) / 2).astype(a.dtype), params, state.previous)
+        if evaluate == "last":
+            return {"global": params, "average": mean}
         return {"global": mean, "last": params}
 
     return base._replace(server_init=server_init, client_end=client_end,

@@ -55,6 +55,23 @@ from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
 
 
+def gradient_exchange(ctx: ClientContext):
+    """The first exchange of a round (a ``cohort_start``): (n_i g_i(x), n_i), g_i(x) the client's
+    full local gradient at the broadcast model in the model's dtype. Summed over the cohort, their
+    ratio is gbar(x) = sum_S n_i g_i(x) / sum_S n_i."""
+    n = ctx.num_examples.astype(ctx.weight.dtype)
+    local = jax.tree.map(lambda g, w: g.astype(w.dtype), ctx.full_gradient(ctx.params),
+                         ctx.params)
+    return tree_scale(n, local), n
+
+
+def gradient_mismatch(ctx: ClientContext) -> Params:
+    """gbar(x) - g_i(x) after ``gradient_exchange`` (the client keeps its own message)."""
+    weighted_sum, total = ctx.cohort_message
+    own_sum, n = ctx.own_message                                      # g_i(x) = n_i g_i(x) / n_i
+    return jax.tree.map(lambda s, o: s / total - o / n, weighted_sum, own_sum)
+
+
 def fedga(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, beta: float = 0.1,
           server_optimizer: optax.GradientTransformation | None = None,
           *, name: str = "fedga") -> Algorithm:
@@ -62,25 +79,13 @@ def fedga(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, beta
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
         raise FljaxError(f"beta must be a finite number >= 0, got {beta!r}")
 
-    def local_gradient(ctx: ClientContext) -> Params:
-        """g_i(x) in the model's dtype."""
-        return jax.tree.map(lambda g, w: g.astype(w.dtype), ctx.full_gradient(ctx.params),
-                            ctx.params)
-
-    def cohort_start(ctx: ClientContext):
-        """(n_i g_i(x), n_i): summed over the cohort, their ratio is gbar(x)."""
-        n = ctx.num_examples.astype(ctx.weight.dtype)
-        return tree_scale(n, local_gradient(ctx)), n
-
     def client_start(ctx: ClientContext, key: jax.Array) -> Params:
         del key
-        weighted_sum, total = ctx.cohort_message
-        own_sum, n = ctx.own_message                                  # g_i(x) = n_i g_i(x) / n_i
-        return jax.tree.map(lambda w, s, o: w - beta * (s / total - o / n), ctx.params,
-                            weighted_sum, own_sum)
+        return jax.tree.map(lambda w, d: w - beta * d, ctx.params, gradient_mismatch(ctx))
 
     return fedavg(local, server_optimizer, name=name)._replace(
-        cohort_start=cohort_start, client_start=client_start, exchanges=lambda round_index: 2,
+        cohort_start=gradient_exchange, client_start=client_start,
+        exchanges=lambda round_index: 2,
         payload=lambda round_index: (2, 2))     # x, then gbar down; g_i(x), then x_i,K up
 
 

@@ -29,9 +29,25 @@ chooses the reference point the wrapped algorithm sees as "the broadcast model" 
 The default is ``"start"``: it is the first author's released code (FL-Simulator's README reports
 the FedInit runs), used there for FedInit and every +RI method alike (Table 2), and it composes
 with every server rule unchanged. For FedAvg it differs from the paper's aggregation by
-beta (w^t - sum_S p_i w_i,K^{prev}). One difference from FL-Simulator remains: its FedDyn server
-averages the final models (mean_S w_i,K + mean h), while ``"start"`` gives FedDyn's server w^t + sum_S p_i (w_i,K - w_i,0) +
-mean h. Algorithm 1's 1/N is the engine's aggregation='uniform'.
+beta (w^t - sum_S p_i w_i,K^{prev}). Algorithm 1's 1/N is the engine's aggregation='uniform'.
+
+FedDyn + RI (Table 2's FedDyn column) is the one method where neither mode is FL-Simulator's. With
+s_i = w_i,0 the relaxed start, r_i the point FedDyn's client is centred on, H = mean over ALL
+clients of h, and unweighted means over S, the local gradient is
+clip(g + alpha (h_i - r_i)) + (wd + alpha) y, then h_i += w_i,K - r_i, and
+
+    Algorithm 1 + FedDyn (``"final"``):  r_i = w^t,  w^{t+1} = mean_S w_i,K + H
+    FL-Simulator (FedDyn.py, feddyn.py): r_i = s_i,  w^{t+1} = mean_S w_i,K + H
+    fljax ``"start"``:                   r_i = s_i,  w^{t+1} = w^t + mean_S (w_i,K - s_i) + H
+                                           = FL-Simulator's - beta (w^t - mean_S w_i,K^{prev}).
+
+Algorithm 1 states RI for FedAvg only and calls it "irrelevant to the local optimizer", so applied
+to FedDyn it moves only the start and keeps FedDyn's own centre and server (line 13's average of the
+final models, plus FedDyn's correction): that is ``"final"``. FL-Simulator centres the client and
+the h update on the relaxed start, as ``"start"`` does, but averages the final models, as
+``"final"`` does; a wrapper cannot give that mix, because it would have to send FedDyn's model
+average relative to w^t and its h increment relative to s_i in the same message. The two fljax
+rules are checked against float64 references (tests/test_fedinit_fedga.py).
 
 beta = 0 is the wrapped algorithm exactly (either aggregation). beta may be negative: the
 paper's Table 3 tries beta < 0 (a start pulled towards the client's previous model) to show that

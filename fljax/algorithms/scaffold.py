@@ -23,6 +23,22 @@ and the server, with p_i the engine's aggregation weights (sum_S p_i = 1), sets
 Unsampled clients keep c_i. The paper's Delta x is an unweighted mean_S, as in the FedDyn and
 FL-Simulator code: run the engine with aggregation='uniform' for it.
 
+``option="GA"``: SCAFFOLD as the FedGA authors' code runs it (``epfml/GradientAlignment``
+``interface.py:Scaffold``), the baseline of fedga-gradalign.txt Table 1 and Figure 2. No control
+variate is kept across rounds: each round takes two exchanges (``exchanges`` = 2), as FedGA's does.
+In the first the sampled clients send their full local gradients at the broadcast model, and the
+server returns their example-weighted mean over the cohort (``compute_full_gradient``):
+
+    c_i = g_i(x),        c = gbar(x) = sum_{i in S} n_i g_i(x) / sum_{i in S} n_i,
+
+then every local step adds the fresh correction c - c_i to the minibatch gradient before clipping
+(``param.grad += full_gradient - local_gradient``, then ``clip_grad_norm_``; torch's weight decay
+after), and the server averages the final models, x <- x + eta_g sum_S p_i (y_i,K - x) (the code:
+unweighted, aggregation='uniform', server SGD lr 1). It is option I with c_i and c recomputed at the
+current x every round instead of carried over. Payload: x, then c down; g_i(x), then y_i,K up.
+Not copied: that code steps its MultiStepLR scheduler twice per round for SCAFFOLD (once for FedGA),
+so its lr milestones come twice as early; fljax's round decay is the same for every algorithm.
+
 Option II's eta_l is by default the CURRENT (decayed) local lr, as in the paper and FL-Simulator;
 ``undecayed_lr=True`` uses the base lr even when the lr decays, as the FedDyn code does
 (``train_SCAFFOLD``; algorithms.md pitfall 1). K_i is the number of steps client i took.
@@ -41,10 +57,11 @@ import optax
 
 from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, identity_loss,
                                    identity_start, tree_scale, tree_sub)
+from fljax.algorithms.fedga import gradient_exchange, gradient_mismatch
 from fljax.algorithms.transforms import add_constant
 from fljax.errors import FljaxError
 
-OPTIONS = ("I", "II")
+OPTIONS = ("I", "II", "GA")
 
 
 def _zeros(params):
@@ -63,7 +80,10 @@ def scaffold(local: LocalSGD, *, server_lr: float = 1.0, option: str = "II",
         raise FljaxError(f"option must be one of {OPTIONS}, got {option!r}")
 
     def client_tx(ctx: ClientContext) -> optax.GradientTransformation:
-        correction = tree_sub(ctx.server_state, ctx.client_state)            # c - c_i
+        if option == "GA":
+            correction = gradient_mismatch(ctx)                               # gbar(x) - g_i(x)
+        else:
+            correction = tree_sub(ctx.server_state, ctx.client_state)        # c - c_i
         return local.chain(ctx.round, loss_terms=[add_constant(correction)])
 
     def new_control(ctx: ClientContext, end):
@@ -87,6 +107,24 @@ def scaffold(local: LocalSGD, *, server_lr: float = 1.0, option: str = "II",
         delta, delta_c = message
         params = jax.tree.map(lambda x, d: (x + server_lr * d).astype(x.dtype), params, delta)
         return params, jax.tree.map(jnp.add, c, delta_c)
+
+    if option == "GA":
+        def client_end_ga(ctx: ClientContext, start, end):
+            del start
+            return ctx.client_state, tree_scale(ctx.weight, tree_sub(end, ctx.params))
+
+        def server_update_ga(params, state, delta, round_index):
+            del round_index
+            params = jax.tree.map(lambda x, d: (x + server_lr * d).astype(x.dtype), params, delta)
+            return params, state
+
+        no_state = lambda params: ()
+        return Algorithm(name=name, server_init=no_state, client_init=no_state,
+                         client_start=identity_start, client_tx=client_tx,
+                         client_loss=identity_loss, client_end=client_end_ga,
+                         server_update=server_update_ga, cohort_start=gradient_exchange,
+                         exchanges=lambda round_index: 2,
+                         payload=lambda round_index: (2, 2))  # x, c down; g_i(x), y_i,K up
 
     return Algorithm(name=name, server_init=_zeros, client_init=_zeros,
                      client_start=identity_start, client_tx=client_tx, client_loss=identity_loss,

@@ -13,9 +13,17 @@ holds runs ``then`` (T_switch is kept in the server state, so a resumed run swit
 uninterrupted one did). The criterion's metrics are logged every round (0 once switched) with
 ``switched`` (1.0 from the round that switched on).
 
-Both algorithms keep their own server and client state side by side (``then``'s state starts from
-its ``server_init``/``client_init`` of the initial model); the global model passes from one to the
-other unchanged. Compilation: both algorithms are traced into the ONE round program and each hook
+State across the switch. By default both algorithms keep their own server and client state side by
+side (``then``'s state starts from its ``server_init``/``client_init`` of the initial model); the
+global model passes from one to the other unchanged. With ``carry_state=True`` the two algorithms
+share ONE server state and ONE per-client state: ``then`` starts from the state ``first`` left
+(every client's state, sampled or not, and the server's), as a run that changes only its update
+rule at T_switch would. This needs states of the same structure (the same pytree, shapes and
+dtypes of ``server_init`` and ``client_init``), checked when the state is built. It is what
+feddyn-as-initialization.txt Figure 12 runs: FedDyn -> FedDyn w/o h or w/o Reg ("fine-tuning with
+modified FedDyn"), where the variant continues from FedDyn's h_k and the server's H = mean_k h_k
+(every ``feddyn`` variant keeps the same state for this); without it the variant would restart
+from h_k = 0. Compilation: both algorithms are traced into the ONE round program and each hook
 picks its branch with ``lax.cond`` on the round number, which is the same for every client, so only
 the taken branch runs and nothing is recompiled at the switch.
 
@@ -40,9 +48,10 @@ def _zeros_like_output(fn, *args):
 
 
 def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
-           when=None) -> Algorithm:
+           when=None, carry_state: bool = False) -> Algorithm:
     """``first`` until round ``at_round`` (or until the criterion probe ``when`` holds), then
-    ``then``."""
+    ``then``; ``carry_state=True``: ``then`` continues from ``first``'s server and client state
+    (states of the same structure)."""
     if (at_round is None) == (when is None):
         raise FljaxError("switch needs exactly one of at_round (a round) and when (a criterion "
                          f"probe), got at_round={at_round!r}, when={when!r}")
@@ -59,18 +68,36 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
     def use_first(round_index, server_state):
         return round_index < switch_round(server_state)
 
+    def check_carry(kind, init1, init2, params):
+        """With carry_state, the two states must be the same pytree of the same shapes/dtypes."""
+        shape1, shape2 = jax.eval_shape(init1, params), jax.eval_shape(init2, params)
+        if jax.tree.structure(shape1) != jax.tree.structure(shape2) or any(
+                (a.shape, a.dtype) != (b.shape, b.dtype)
+                for a, b in zip(jax.tree.leaves(shape1), jax.tree.leaves(shape2))):
+            raise FljaxError(f"switch(carry_state=True) needs {first.name!r} and {then.name!r} "
+                             f"to have the same {kind} state; they differ: "
+                             f"{jax.tree.structure(shape1)} vs {jax.tree.structure(shape2)}")
+
     def server_init(params):
-        second = {"state": then.server_init(params), "rounds_done": jnp.zeros((), jnp.int32)}
+        if carry_state:
+            check_carry("server", first.server_init, then.server_init, params)
+        second = {"state": () if carry_state else then.server_init(params),
+                  "rounds_done": jnp.zeros((), jnp.int32)}
         if when is not None:
             second.update(switch_round=jnp.asarray(NEVER, jnp.int32),
                           criterion=when.init(params, 0)[0])
         return {"state": first.server_init(params)}, second
 
     def client_init(params):
+        if carry_state:
+            check_carry("client", first.client_init, then.client_init, params)
+            return first.client_init(params), ()
         return first.client_init(params), then.client_init(params)
 
     def contexts(ctx: ClientContext) -> tuple[ClientContext, ClientContext]:
         (s1, s2), (c1, c2) = ctx.server_state, ctx.client_state
+        if carry_state:     # one shared state, kept in first's slots
+            s2, c2 = {**s2, "state": s1["state"]}, c1
         m1, m2 = ctx.cohort_message or ((), ())
         o1, o2 = ctx.own_message or ((), ())
         return (ctx._replace(server_state=s1["state"], client_state=c1, cohort_message=m1,
@@ -150,7 +177,8 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
 
         def with_then():
             new, message = then.client_end(ctx2, start, end)
-            return (c1, new), (_zeros_like_output(first.client_end, ctx1, start, end)[1], message)
+            states = (new, c2) if carry_state else (c1, new)
+            return states, (_zeros_like_output(first.client_end, ctx1, start, end)[1], message)
 
         return jax.lax.cond(use_first(ctx.round, ctx.server_state), with_first, with_then)
 
@@ -162,6 +190,9 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
             return new_params, {"state": new}, s2["state"]
 
         def with_then():
+            if carry_state:     # the shared state stays in first's slot
+                new_params, new = then.server_update(params, s1["state"], m2, round_index)
+                return new_params, {"state": new}, s2["state"]
             new_params, new = then.server_update(params, s2["state"], m2, round_index)
             return new_params, s1, new
 
@@ -189,7 +220,7 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
         (s1, s2) = server_state
         if int(s2["rounds_done"]) <= int(switch_round(server_state)):
             return first.eval_models(params, s1["state"])
-        return then.eval_models(params, s2["state"])
+        return then.eval_models(params, s1["state"] if carry_state else s2["state"])
 
     if when is None:
         name = f"{first.name}->{then.name}@{at_round}"

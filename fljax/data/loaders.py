@@ -279,9 +279,12 @@ def load_npz(path: str) -> Dataset:
                    arrays["y_test"].astype(np.int32), num_classes)
 
 
-# Per-channel (mean, std) the FedDyn-family code standardizes CIFAR with, once, before training.
+# Per-channel (mean, std) applied once, before training, to images in [0, 1], as the papers' code
+# does: the FedDyn-family code standardizes CIFAR; FedGA's code (epfml/GradientAlignment, EMNIST
+# balanced: ToTensor + Normalize((0.5,), (0.5,))) maps EMNIST to [-1, 1].
 CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
-                 "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761))}
+                 "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
+                 "emnist/balanced": ((0.5,), (0.5,))}
 
 
 _SYNTHETIC = re.compile(r"synthetic_(?:iid|(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?))")
@@ -317,8 +320,8 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
       every run of a name gets the same data, as the generated files of the FedProx code do (the
       Python functions take other seeds and sizes);
     - a path ending in .npz -> :func:`load_npz`;
-    - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel,
-      CHANNEL_STATS).
+    - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel and
+      EMNIST balanced mapped to [-1, 1], CHANNEL_STATS).
     """
     if name == "digits":
         return load_digits()
