@@ -84,7 +84,10 @@ def main() -> None:
     if not any(t.disturbed for t in timings):
         lines += ["", f"No timed round was disturbed (other processes took <= {DISTURBED} of a "
                   "core during every timed round)."]
-    lines += ["", *evaluation_rows(model, data, algorithm, params, setup)]
+    lines += ["", "The probes=[] row compiles to the same program as the bare round (tests/"
+              "test_probes.py compares the lowered programs' fingerprints): its ratio is the "
+              "timing spread of the machine.", "",
+              *evaluation_rows(model, data, algorithm, params, setup)]
     body = "\n".join(lines)
     print("\n" + body)
     backend = "GPU" if jax.default_backend() == "gpu" else "CPU"
