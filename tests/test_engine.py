@@ -134,7 +134,7 @@ MULTI_DEVICE = textwrap.dedent("""
     probe_list = [probes.pseudo_gradient_diversity(), probes.cosine_previous()]
     names = ["pseudo_gradient_diversity", "cosine_previous"]
     for alg, layouts, participation in [
-            (fedavgm, [(1, 1), (8, 1), (4, 2), (2, 4)], "uniform"),
+            (fedavgm, [(1, 1), (8, 1), (2, 4)], "uniform"),
             (fedga, [(1, 1), (4, 2)], "bernoulli")]:      # 16 slots, dealt over the devices
         results = []
         for devices, chunk in layouts:

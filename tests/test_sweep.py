@@ -120,10 +120,11 @@ def test_every_scale_of_every_experiment_sweep_validates(path, tmp_path):
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])
-def test_every_cpu_cell_builds_and_the_corner_cells_train(path, tmp_path):
+def test_every_cpu_cell_builds_and_the_last_cell_trains(path, tmp_path):
     """Every CPU-scale cell (row x column) builds (data, model, algorithm with its arguments,
     round program) at its first grid point (the other points differ only in values that cells()
-    validates); the first and the last cell train for one round."""
+    validates); the last cell (the table's last method, usually the paper's own; the first is
+    usually plain FedAvg, trained in many other tests) trains for one round."""
     spec = sweep.load_sweep(path)
     cells = sweep.cells(spec, "cpu", str(tmp_path), seeds=[0], rounds=1, eval_every=1)
     first_points = {}
@@ -131,9 +132,8 @@ def test_every_cpu_cell_builds_and_the_corner_cells_train(path, tmp_path):
         first_points.setdefault((cell.row, cell.column), cell)
     for cell in first_points.values():
         build(cell.config)
-    for cell in (cells[0], cells[-1]):
-        evaluations = run(cell.config, progress=False)
-        assert len(evaluations) == 1 and 0.0 <= evaluations[0]["accuracy"] <= 1.0
+    evaluations = run(cells[-1].config, progress=False)
+    assert len(evaluations) == 1 and 0.0 <= evaluations[0]["accuracy"] <= 1.0
 
 
 # The sweep command end to end (runs, table, resume) on one file; every file's cells are built and
