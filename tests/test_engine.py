@@ -157,9 +157,10 @@ MULTI_DEVICE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.heavy
 def test_eight_devices_match_one_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", MULTI_DEVICE], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
