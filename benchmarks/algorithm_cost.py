@@ -11,17 +11,15 @@ timed round-robin in one run (``timing.round_robin``) and reported as a ratio to
 
 from __future__ import annotations
 
-import argparse
 import datetime
 
 import jax
-import numpy as np
 
 import fljax
 from fljax.config import ALGORITHMS, FULL_BATCH, ExperimentConfig
 from fljax.experiment import build_algorithm
 from fljax.models.heads import with_projection_head
-from round_speed import LEARNING_RATE, NUM_CLASSES, SETUPS, runner, synthetic_data
+from round_speed import LEARNING_RATE, cost_benchmark, runner
 from timing import DISTURBED, machine, round_robin, write_section
 
 TARGET = 1.2   # every algorithm within 1.2x of FedAvg ...
@@ -89,14 +87,7 @@ def report(names, timings, rounds: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one timed round per algorithm")
-    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
-    args = parser.parse_args()
-    rounds = 1 if args.quick else 5
-    setup = SETUPS[0]
-    x, y = synthetic_data(setup)
-    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+    args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "algorithm")
     # FedSGD and large-batch SGD take one full-batch step: not the same local work.
     names = [n for n in ALGORITHMS if n not in FULL_BATCH] + list(EXTRA_ROWS)
     runs = []

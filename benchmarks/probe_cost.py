@@ -13,7 +13,6 @@ evaluation (10,000 synthetic test images).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import time
 
@@ -22,7 +21,7 @@ import numpy as np
 
 import fljax
 from fljax import probes
-from round_speed import LEARNING_RATE, NUM_CLASSES, SETUPS, runner, synthetic_data
+from round_speed import LEARNING_RATE, NUM_CLASSES, cost_benchmark, runner
 from timing import DISTURBED, machine, round_robin, write_section
 
 WHAT = {
@@ -49,14 +48,7 @@ def in_round_probes(params) -> dict[str, list]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one timed round per row")
-    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
-    args = parser.parse_args()
-    rounds = 1 if args.quick else 5
-    setup = SETUPS[0]
-    x, y = synthetic_data(setup)
-    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+    args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "row")
     model = setup.build(fljax.models.default_conv_impl())
     algorithm = fljax.feddyn(fljax.local_sgd(LEARNING_RATE))
     params = model.init(jax.random.key(0))

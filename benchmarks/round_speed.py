@@ -118,6 +118,20 @@ def synthetic_data(setup: Setup, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return x, rng.integers(0, NUM_CLASSES, n).astype(np.int32)
 
 
+def cost_benchmark(description: str, unit: str) -> tuple[argparse.Namespace, int, Setup,
+                                                      fljax.FederatedData]:
+    """The cost benchmarks' shared start: their command line (--quick: one timed round per
+    ``unit``; --out), the rounds to time, and the first setup with its federated data."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=f"one timed round per {unit}")
+    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
+    args = parser.parse_args()
+    setup = SETUPS[0]
+    x, y = synthetic_data(setup)
+    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+    return args, 1 if args.quick else 5, setup, data
+
+
 def measure(setup: Setup, candidates: Sequence[Candidate]) -> list[Row]:
     """Time the candidates side by side (``timing.round_robin``), one Row each."""
     timings = round_robin([c.run_round for c in candidates], [c.rounds for c in candidates])
