@@ -16,8 +16,3 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
-
-def pytest_collection_modifyitems(items):
-    """Long tests (marked ``heavy``) first: with ``-n 2`` the workers then start on them and the
-    short tests fill in behind, instead of one worker finishing a long test alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

@@ -157,7 +157,6 @@ MULTI_DEVICE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.heavy
 def test_eight_devices_match_one_device():
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}

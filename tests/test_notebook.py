@@ -80,7 +80,6 @@ def test_new_algorithm_notebook_checks_its_algorithm_against_fedavg(tmp_path, mo
     assert len(report["runs"]) == 3
 
 
-@pytest.mark.heavy
 def test_feddyn_as_init_analysis_notebook_measures_every_figure(tmp_path, monkeypatch):
     """At 2 rounds and 1 seed: every figure's runs happen and give finite measurements (the
     verdicts in its markdown come from the full run, 60 rounds and 3 seeds)."""

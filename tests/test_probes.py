@@ -432,7 +432,6 @@ def test_adaptive_switch_on_softmax_regression_matches_float64_reference():
     assert round_fn.compilations() == 1                  # the switch recompiled nothing
 
 
-@pytest.mark.heavy
 def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
     """Probe state (per-client previous pseudo-gradients) and the adaptive switch's state are
     checkpointed: 2 rounds, then a resume to 4, logs what 4 uninterrupted rounds log (the

@@ -218,7 +218,6 @@ def between_save_and_prune(names):
     return sum(n.isdigit() for n in names) > 2
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("moment", [saving, trained_past_first_checkpoint,
                                     between_save_and_prune])
 def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_path,
@@ -245,7 +244,6 @@ def test_sigkill_keeps_a_restorable_checkpoint_and_resume_matches(moment, tmp_pa
     assert sum(n.isdigit() for n in os.listdir(os.path.join(out_dir, "checkpoints"))) <= 3
 
 
-@pytest.mark.heavy
 def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
     out_dir = str(tmp_path / "r")
     fired, code, err = run_until(out_dir, lambda n: "2" in n, signal.SIGINT)

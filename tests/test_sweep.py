@@ -141,7 +141,6 @@ def test_every_cpu_cell_builds_and_the_last_cell_trains(path, tmp_path):
 SMALL = [p for p in SWEEPS if os.path.basename(p) == "feddyn_init_table1_cross_device.json"]
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("path", SMALL, ids=[os.path.basename(p) for p in SMALL])
 def test_experiment_sweep_runs_at_cpu_scale(path, tmp_path, capsys):
     out = str(tmp_path / "runs")
