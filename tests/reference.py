@@ -39,6 +39,17 @@ def tree_map(fn, *trees):
     return jax.tree.map(fn, *trees)
 
 
+def cohort_full_gradients(w, x, y, parts, client_ids):
+    """Each client's full-batch gradient g_i(w) and their example-weighted mean
+    gbar = sum_S n_i g_i(w) / sum_S n_i (FedGA's and the GradientAlignment code's first exchange)."""
+    grads = {cid: mlp_loss_and_grad(w, x[parts[cid]], y[parts[cid]],
+                                    np.ones(len(parts[cid])))[1] for cid in client_ids}
+    n = {cid: float(len(parts[cid])) for cid in grads}
+    gbar = tree_map(lambda *g: sum(n[c] * gi for c, gi in zip(grads, g)) / sum(n.values()),
+                    *grads.values())
+    return grads, gbar
+
+
 def global_norm(tree) -> float:
     return float(np.sqrt(sum(np.sum(leaf ** 2) for leaf in jax.tree.leaves(tree))))
 

@@ -22,7 +22,8 @@ from fljax.algorithms.scaffold import scaffold
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round
 from fljax.errors import FljaxError
-from tests.reference import client_schedule, global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import (client_schedule, cohort_full_gradients, global_norm,
+                             mlp_loss_and_grad, tree_map)
 from tests.test_fedavg_reference import NUM_CLASSES, SIZES, tiny_problem
 
 ROUNDS, COHORT, SEED = 3, 3, 3
@@ -336,11 +337,7 @@ def scaffold_ga_reference(params, x, y, parts, *, lr, lr_decay, momentum, weight
     x += eta_g sum_S p_i (y_i - x). No state across rounds."""
     w = params
     for t, clients in rounds_of(parts, **sched):
-        grads = {cid: mlp_loss_and_grad(w, x[parts[cid]], y[parts[cid]],
-                                        np.ones(len(parts[cid])))[1] for _, cid, _ in clients}
-        n = {cid: float(len(parts[cid])) for cid in grads}
-        gbar = tree_map(lambda *g: sum(n[c] * gi for c, gi in zip(grads, g)) / sum(n.values()),
-                        *grads.values())
+        grads, gbar = cohort_full_gradients(w, x, y, parts, [cid for _, cid, _ in clients])
         delta = zeros(w)
         for p, cid, steps in clients:
             correction = tree_map(np.subtract, gbar, grads[cid])

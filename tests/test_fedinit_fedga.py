@@ -20,7 +20,7 @@ from fljax.algorithms.fedinit import fedinit, relaxed_init
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round, round_key, sample_cohort
 from fljax.errors import FljaxError
-from tests.reference import global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import cohort_full_gradients, global_norm, mlp_loss_and_grad, tree_map
 from tests.test_drift_corrections import (EPOCHS, REDUCTION_LOCAL, STEPS, assert_close,
                                           assert_equal_to_fedavg, client_row, local_train,
                                           make_local, rounds_of, zeros)
@@ -224,11 +224,7 @@ def fedga_reference(params, x, y, parts, *, beta, lr, lr_decay, momentum, weight
     x += sum_S p_i (x_i,K - x)."""
     w = params
     for t, clients in rounds_of(parts, seed=SEED, **sched):
-        grads = {cid: mlp_loss_and_grad(w, x[parts[cid]], y[parts[cid]],
-                                        np.ones(len(parts[cid])))[1] for _, cid, _ in clients}
-        n = {cid: float(len(parts[cid])) for cid in grads}
-        gbar = tree_map(lambda *g: sum(n[cid] * gi for cid, gi in zip(grads, g)) / sum(n.values()),
-                        *grads.values())
+        grads, gbar = cohort_full_gradients(w, x, y, parts, [cid for _, cid, _ in clients])
         delta = zeros(w)
         for p, cid, steps in clients:
             start = tree_map(lambda a, gb, gi: a - beta * (gb - gi), w, gbar, grads[cid])
