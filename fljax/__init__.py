@@ -20,7 +20,8 @@ ALGORITHM_NAMES = ["fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm", "fedde
                    "feddyn", "fedexp", "fedga", "fedinit", "fednova", "fedntd", "fedprox",
                    "fedsam", "fedsgd", "fedyogi", "fomaml", "gradalign", "lbsgd", "moon",
                    "reptile", "scaffold"]
-WRAPPER_NAMES = ["gradual_unfreezing", "local_decay", "relaxed_init", "switch"]
+WRAPPER_NAMES = ["fedbn", "gradual_unfreezing", "local_decay", "local_layers", "relaxed_init",
+                 "switch"]
 
 # Where each public name lives. They are imported on first use (PEP 562), so ``import fljax`` and
 # the CLI start in milliseconds and Ctrl-C during the heavy imports (jax, orbax) is the CLI's.

@@ -12,7 +12,8 @@ import optax
 
 from fljax.algorithms.base import ClientContext, Params
 from fljax.data.batching import batch_from_order, epoch_order_at, steps_per_epoch
-from fljax.data.federated import FederatedData
+from fljax.algorithms.transforms import freeze
+from fljax.data.federated import FederatedData, take
 from fljax.models.model import Model, cross_entropy
 
 
@@ -28,9 +29,10 @@ class LocalWork(NamedTuple):
 
 
 def model_loss(model: Model) -> Callable:
-    """``loss(params, x, y, mask, rng)``: the model's masked mean cross-entropy in training mode."""
+    """``loss(params, x, y, mask, rng)``: the model's masked mean cross-entropy in training mode
+    (over every scored label: one per example, or one per position)."""
     def loss(params, x, y, mask, rng):
-        return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
+        return cross_entropy(model.apply(params, x, train=True, rng=rng, mask=mask), y, mask)
 
     return loss
 
@@ -44,7 +46,7 @@ def full_gradient(loss_fn: Callable, data: FederatedData, count: jax.Array, offs
         mask = slots < count
         ids = data.index[offset + jnp.minimum(slots, count - 1)]
         scale = mask.sum() / count
-        grads = jax.grad(loss_fn)(params, data.x[ids], data.y[ids], mask, None)
+        grads = jax.grad(loss_fn)(params, take(data.x, ids), data.y[ids], mask, None)
         return jax.tree.map(lambda t, g: t + scale * g, total, grads), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -78,25 +80,37 @@ def client_context(work: LocalWork, loss_fn: Callable, data: FederatedData, clie
 def local_training(loss_fn: Callable, tx: optax.GradientTransformation, start: Params,
                    data: FederatedData, client: jax.Array, batch_key: jax.Array,
                    step_key: jax.Array, *, num_steps: jax.Array, max_steps: int, batch: int,
-                   max_count: int, augment: Callable | None = None) -> tuple[Params, jax.Array]:
+                   max_count: int, augment: Callable | None = None,
+                   model: Model | None = None) -> tuple[Params, jax.Array]:
     """(the client's model after ``num_steps`` steps of ``tx`` on ``loss_fn`` from ``start``, each
     step's loss). Step k reads batch k of the client's shuffled epochs (``fljax.data.batching``);
-    the scan runs ``max_steps`` steps, and steps k >= num_steps change nothing (loss 0)."""
+    the scan runs ``max_steps`` steps, and steps k >= num_steps change nothing (loss 0).
+
+    A ``model`` with state (BatchNorm) has its state leaves held out of ``tx`` (``freeze``) and
+    set at each step by the training forward pass at y_k (``Model.update_state``), as torch
+    updates running statistics in the forward pass before the optimizer step."""
     count, offset = data.count[client], data.offset[client]
     grad_fn = jax.value_and_grad(loss_fn)
+    stateful = model is not None and model.state_mask is not None
+    if stateful:
+        tx = freeze(tx, model.state_mask)
 
     def step(carry, k):
         local, opt_state, order = carry
         order = epoch_order_at(batch_key, count, k, batch, max_count, order)
         positions, mask = batch_from_order(order, count, k, batch, max_count)
         ids = data.index[offset + positions]
-        x, y = data.x[ids], data.y[ids]
+        x, y = take(data.x, ids), data.y[ids]
         rng = jax.random.fold_in(step_key, k)
         if augment is not None:
             x = augment(jax.random.fold_in(rng, 1), x)
         loss, grads = grad_fn(local, x, y, mask, rng)
         updates, new_opt_state = tx.update(grads, opt_state, local)
         new_local = optax.apply_updates(local, updates)
+        if stateful:
+            observed = model.update_state(local, x, rng, mask)
+            new_local = jax.tree.map(lambda is_state, a, b: a if is_state else b,
+                                     model.state_mask, observed, new_local)
         active = k < num_steps
         keep = lambda new, old: jnp.where(active, new, old)
         carry = (jax.tree.map(keep, new_local, local),

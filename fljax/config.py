@@ -21,7 +21,7 @@ ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "f
               "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile")
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI).
-WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init")
+WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn")
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.
 GROUPS = ("data", "model", "algorithm", "local training", "server", "evaluation", "output", "run")

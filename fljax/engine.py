@@ -155,7 +155,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     client_chunk = _client_chunk(client_chunk, data.num_clients if bernoulli else
                                  clients_per_round, clients_per_round, num_devices)
     loss_fn = model_loss(model)
-    run_clients = _cohort_runner(algorithm, probes, work, loss_fn, augment, client_chunk,
+    run_clients = _cohort_runner(algorithm, probes, work, model, augment, client_chunk,
                                  bernoulli, clients_per_round, num_devices > 1)
     mesh = None
     if num_devices > 1:
@@ -216,11 +216,12 @@ def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
 
 
 def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalWork,
-                   loss_fn: Callable, augment, client_chunk: int, bernoulli: bool,
+                   model: Model, augment, client_chunk: int, bernoulli: bool,
                    clients_per_round: int, sharded: bool):
     """``run_clients(ids, rows, weights, joined, cohort size, w, server state, t, key, data) ->
     (new rows, (summed message, summed probe outputs), per-client metrics)`` for the slots given
     (all of them, or one device's share under shard_map)."""
+    loss_fn = model_loss(model)
 
     def client_first_exchange(client_id, client_state, weight, joined, params, server_state,
                               round_index, cohort_size, data: FederatedData):
@@ -240,7 +241,7 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
         end, losses = local_training(
             algorithm.client_loss(ctx, loss_fn), algorithm.client_tx(ctx), start, data,
             client_id, batch_key, step_key, num_steps=num_steps, max_steps=work.max_steps,
-            batch=work.batch, max_count=work.max_count, augment=augment)
+            batch=work.batch, max_count=work.max_count, augment=augment, model=model)
         new_state, message = algorithm.client_end(ctx, start, end)
         metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps,
                    **algorithm.client_metrics(ctx, start, end)}

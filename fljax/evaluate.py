@@ -7,42 +7,52 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from fljax.models.model import Model, Params, cross_entropy
-
-
-def batch_scores(model: Model, params: Params, x: jax.Array, y: jax.Array,
-                 mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(number correct, summed cross-entropy) of ``params`` over the examples where mask is 1."""
-    logits = model.apply(params, x.astype(jax.tree.leaves(params)[0].dtype))
-    correct = jnp.sum((logits.argmax(-1) == y) * mask)
-    return correct, cross_entropy(logits, y, mask) * mask.sum()
+from fljax.data.federated import as_device_inputs
+from fljax.models.model import Model, Params, label_weights
 
 
-def make_evaluator(model: Model, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
+def batch_scores(model: Model, params: Params, x, y: jax.Array,
+                 mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(number correct, summed cross-entropy, number scored) of ``params`` over the scored labels
+    of the examples where mask is 1 (one label per example, or one per position; -1: none)."""
+    logits = model.apply(params, x)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(y, 0))
+    weights = label_weights(y, mask, losses.dtype)
+    correct = jnp.sum((logits.argmax(-1) == y) * weights)
+    return correct, jnp.sum(losses * weights), weights.sum()
+
+
+def make_evaluator(model: Model, x, y: np.ndarray, batch_size: int = 1024
                    ) -> Callable[[Params], dict[str, jax.Array]]:
-    """``evaluate(params) -> {'accuracy', 'loss'}`` over all of (x, y), scanned in fixed batches.
+    """``evaluate(params) -> {'accuracy', 'loss'}`` over all of (x, y), scanned in fixed batches:
+    the accuracy and mean loss over every scored label (one per example, or per position).
 
-    The data is padded once to a multiple of the batch; padded examples carry zero weight.
+    ``x`` is an array or a dict of arrays with a leading example axis. The data is padded once
+    to a multiple of the batch; padded examples carry zero weight.
     """
     n = len(y)
     batch_size = min(batch_size, n)
     num_batches = -(-n // batch_size)
     pad = num_batches * batch_size - n
-    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64 is on
-    x_b = jnp.asarray(np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]),
-                      float_dtype).reshape(num_batches, batch_size, *x.shape[1:])
-    y_b = jnp.asarray(np.concatenate([y, np.zeros(pad, y.dtype)]), jnp.int32).reshape(
-        num_batches, batch_size)
+
+    def batched(a):
+        a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+        return a.reshape(num_batches, batch_size, *a.shape[1:])
+
+    x_b = as_device_inputs(jax.tree.map(batched, x))
+    y_b = jnp.asarray(batched(np.asarray(y)), jnp.int32)
     mask_b = (jnp.arange(num_batches * batch_size) < n).reshape(num_batches, batch_size)
 
     @jax.jit
     def evaluate(params, x_b, y_b, mask_b):
         def body(totals, batch):
-            correct, loss = batch_scores(model, params, *batch)
-            return (totals[0] + correct, totals[1] + loss), None
+            return jax.tree.map(jnp.add, totals, batch_scores(model, params, *batch)), None
 
-        (correct, loss), _ = jax.lax.scan(body, (0.0, 0.0), (x_b, y_b, mask_b))
-        return {"accuracy": correct / n, "loss": loss / n}
+        zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
+        (correct, loss, scored), _ = jax.lax.scan(body, (zero, zero, zero), (x_b, y_b, mask_b))
+        scored = jnp.maximum(scored, 1.0)
+        return {"accuracy": correct / scored, "loss": loss / scored}
 
     return lambda params: evaluate(params, x_b, y_b, mask_b)

@@ -52,7 +52,13 @@ def split_clients(config: ExperimentConfig, labels: np.ndarray,
                              f"with another partition")
         return partition.natural(users, config.num_clients)
     if config.partition == "iid":
-        return partition.iid(labels, config.num_clients, seed=config.seed)
+        # only the number of examples matters (labels may be one per position)
+        return partition.iid(np.zeros(len(labels), np.int64), config.num_clients,
+                             seed=config.seed)
+    if np.ndim(labels) != 1:
+        raise FljaxError(f"partition {config.partition!r} splits by class, but {config.dataset!r} "
+                         f"has one label per position (labels of shape {np.shape(labels)}); use "
+                         f"partition 'natural' or 'iid'")
     if config.partition == "dirichlet":
         return partition.dirichlet(labels, config.num_clients, config.dirichlet_alpha,
                                    seed=config.seed, min_size=config.min_size)
@@ -191,7 +197,8 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
          model: Model) -> algorithms.Algorithm:
     """Apply the config's wrappers (WRAPPERS order): FedBug's gradual unfreezing (``fraction``,
     ``unit`` 'M' or 'B' for ResNets, ``order``, ``frozen_last``), FedDecay's local decay
-    (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``)."""
+    (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``), FedBN
+    (``{}``: the model's BatchNorm layers stay local)."""
     for wrapper in WRAPPERS:
         if wrapper not in wrappers:
             continue
@@ -202,6 +209,8 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
         leading = [algorithm]
         if wrapper == "gradual_unfreezing":
             leading.append(unfreeze_units(model, args.pop(UNIT.name, UNIT.default)))
+        if wrapper == "fedbn":
+            leading.append(model.state_mask)
         algorithm = call(wrapper, getattr(algorithms, wrapper), leading, args, {},
                          kind="wrapper")
     return algorithm
@@ -297,8 +306,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                              f"{len(parts)} existing users (num_clients={config.num_clients} "
                              f"less the new_users={config.new_users} held out)")
     data = federate(dataset.x_train, dataset.y_train, parts, dataset.num_classes)
-    model = make_model(config.model, dataset.x_train.shape[1:], dataset.num_classes,
-                       conv_impl=config.conv_impl)
+    model = make_model(config.model, jax.tree.map(lambda a: a[0], dataset.x_train),
+                       dataset.num_classes, conv_impl=config.conv_impl)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model)
     algorithm = algorithm or build_algorithm(config, model, data)

@@ -26,11 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fljax.data.federated import FederatedData, with_parts
+from fljax.data.federated import FederatedData, take, with_parts
 from fljax.data.users import Users
-from fljax.clients import local_training
+from fljax.clients import local_training, model_loss
 from fljax.evaluate import batch_scores
-from fljax.models.model import Model, Params, cross_entropy
+from fljax.models.model import Model, Params
 
 FINETUNE_STREAM = 0x7E5  # folded into a round's key: fine-tuning never reuses a training draw
 
@@ -58,22 +58,21 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
     groups = {"existing": users.existing, "new": users.new}
     groups = {name: ids for name, ids in groups.items() if len(ids)}
 
-    def loss_fn(params, x, y, mask, rng):
-        return cross_entropy(model.apply(params, x, train=True, rng=rng), y, mask)
+    loss_fn = model_loss(model)
 
     def fine_tuned(params, key, train: FederatedData, user):
         """The round's local loop (``engine.local_training``), S steps of ``finetune``."""
         batch_key, step_key = jax.random.split(jax.random.fold_in(key, user))
         local, _ = local_training(loss_fn, finetune, params, train, user, batch_key, step_key,
                                   num_steps=steps, max_steps=steps, batch=batch,
-                                  max_count=max_train)
+                                  max_count=max_train, model=model)
         return local
 
     largest = {name: int(np.max(np.asarray(split.count))) for name, split in splits.items()}
 
     def scored(params, split: FederatedData, most: int, user):
-        """(correct, summed loss) of ``params`` on ``user``'s examples of ``split``, whose users
-        hold at most ``most`` examples each."""
+        """(correct, summed loss, scored labels) of ``params`` on ``user``'s examples of
+        ``split``, whose users hold at most ``most`` examples each."""
         count, offset = split.count[user], split.offset[user]
         size = min(eval_batch, most)
         chunks = -(-most // size)
@@ -82,12 +81,12 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
             slots = c * size + jnp.arange(size)
             mask = slots < count
             ids = split.index[offset + jnp.minimum(slots, count - 1)]
-            correct, loss = batch_scores(model, params, split.x[ids], split.y[ids], mask)
-            return (totals[0] + correct, totals[1] + loss), None
+            scores = batch_scores(model, params, take(split.x, ids), split.y[ids], mask)
+            return jax.tree.map(jnp.add, totals, scores), None
 
         zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
-        (correct, loss), _ = jax.lax.scan(body, (zero, zero), jnp.arange(chunks))
-        return correct, loss
+        totals, _ = jax.lax.scan(body, (zero, zero, zero), jnp.arange(chunks))
+        return totals
 
     @jax.jit
     def per_user(params, key, train, splits):   # the data are arguments, not baked-in constants
@@ -101,8 +100,8 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
     def evaluate(params: Params, key: jax.Array) -> dict[str, float]:
         results = jax.device_get(per_user(params, key, train, splits))
         scores = {}
-        for split_name, (correct, loss) in results.items():
-            count = np.asarray(splits[split_name].count, np.float64)
+        for split_name, (correct, loss, scored) in results.items():
+            count = np.asarray(scored, np.float64)
             for group, ids in groups.items():
                 acc = np.asarray(correct, np.float64)[ids] / count[ids]
                 prefix = f"{group}_{split_name}"

@@ -14,6 +14,7 @@ from fljax.algorithms.fedexp import fedexp
 from fljax.algorithms.fedga import fedga, gradalign, lbsgd
 from fljax.algorithms.fedinit import fedinit, relaxed_init
 from fljax.algorithms.fednova import fednova
+from fljax.algorithms.local_layers import fedbn, local_layers
 from fljax.algorithms.fedntd import fedntd
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.fedsam import fedsam
@@ -26,8 +27,8 @@ from fljax.algorithms.switch import switch
 
 __all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
            "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg", "fedavgm",
-           "fedcm", "feddecay", "feddecorr", "feddyn", "fedexp", "fedga", "fedinit", "fednova",
+           "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedexp", "fedga", "fedinit", "fednova",
            "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",
            "gradalign", "gradual_unfreezing", "identity_loss", "identity_start", "lbsgd",
-           "local_decay", "local_sgd", "moon", "no_client_state", "relaxed_init", "reptile",
+           "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "relaxed_init", "reptile",
            "scaffold", "switch", "tree_scale", "tree_sub"]

@@ -56,6 +56,7 @@ import numpy as np
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, Params
+from fljax.algorithms.transforms import frozen_update
 from fljax.errors import FljaxError
 
 ORDERS = ("bottom_up", "top_down")
@@ -79,41 +80,25 @@ def trainable_units(step: jax.Array, factor: jax.Array, num_units: int, order: s
     return step >= thaw_rank * factor
 
 
-def keep_frozen_state(new_state: Any, old_state: Any, frozen: Params) -> Any:
-    """``new_state`` with every params-shaped part reset to ``old_state`` on frozen leaves."""
-    params_def = jax.tree.structure(frozen)
-
-    def params_like(node):
-        return jax.tree.structure(node) == params_def
-
-    def pick(new, old):
-        if params_like(new):
-            return jax.tree.map(lambda f, n, o: jnp.where(f, o, n), frozen, new, old)
-        return new
-
-    return jax.tree.map(pick, new_state, old_state, is_leaf=params_like)
-
-
 def masked_by_schedule(tx: optax.GradientTransformation, unit_of_leaf: Params,
-                       trainable) -> optax.GradientTransformation:
-    """``tx`` updating only the leaves whose unit is ``trainable(step)``; step counts updates."""
+                       trainable) -> optax.GradientTransformationExtraArgs:
+    """``tx`` updating only the leaves whose unit is ``trainable(step)`` (and that a ``frozen=``
+    given to its update, e.g. a model's state, does not hold still); step counts updates."""
     tx = optax.with_extra_args_support(tx)
 
     def init(params):
         return tx.init(params), jnp.zeros((), jnp.int32)
 
-    def update(grads, state, params=None):
+    def update(grads, state, params=None, *, frozen=None, **extra_args):
         inner, step = state
         units = trainable(step)
-        train = jax.tree.map(lambda u: units[u], unit_of_leaf)
-        frozen = jax.tree.map(jnp.logical_not, train)
-        zero_frozen = lambda t, x: jnp.where(t, x, jnp.zeros_like(x))
-        grads = jax.tree.map(zero_frozen, train, grads)
-        updates, new_inner = tx.update(grads, inner, params, frozen=frozen)
-        updates = jax.tree.map(zero_frozen, train, updates)
-        return updates, (keep_frozen_state(new_inner, inner, frozen), step + 1)
+        held = jax.tree.map(lambda u: jnp.logical_not(units[u]), unit_of_leaf)
+        if frozen is not None:
+            held = jax.tree.map(jnp.logical_or, held, frozen)
+        updates, new_inner = frozen_update(tx, grads, inner, params, held, **extra_args)
+        return updates, (new_inner, step + 1)
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def gradual_unfreezing(algorithm: Algorithm, units: Sequence[Sequence[str]], fraction: float,

@@ -52,3 +52,48 @@ def zero_frozen() -> optax.GradientTransformationExtraArgs:
                             updates), state
 
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+def keep_frozen_state(new_state: Any, old_state: Any, frozen: Params) -> Any:
+    """``new_state`` with every params-shaped part reset to ``old_state`` on frozen leaves."""
+    params_def = jax.tree.structure(frozen)
+
+    def params_like(node):
+        return jax.tree.structure(node) == params_def
+
+    def pick(new, old):
+        if params_like(new):
+            return jax.tree.map(lambda f, n, o: jnp.where(f, o, n), frozen, new, old)
+        return new
+
+    return jax.tree.map(pick, new_state, old_state, is_leaf=params_like)
+
+
+def frozen_update(tx: optax.GradientTransformationExtraArgs, grads: Params, state: Any,
+                  params: Params, frozen: Params, **extra_args):
+    """One update of ``tx`` holding the leaves marked True in ``frozen`` still, as torch treats a
+    parameter without ``.grad`` (or a buffer):
+
+        g <- 0 on frozen leaves;  u, s' = tx.update(g, s, y, frozen=frozen)
+        u <- 0 on frozen leaves (no weight decay, linear or proximal term moves them)
+        s' <- s on frozen leaves, for every params-shaped part of the state (momentum buffers)
+    """
+    zero = lambda f, x: jnp.where(f, jnp.zeros_like(x), x)
+    grads = jax.tree.map(zero, frozen, grads)
+    updates, new_state = tx.update(grads, state, params, frozen=frozen, **extra_args)
+    return jax.tree.map(zero, frozen, updates), keep_frozen_state(new_state, state, frozen)
+
+
+def freeze(tx: optax.GradientTransformation, frozen: Params
+           ) -> optax.GradientTransformationExtraArgs:
+    """``tx`` that never moves the leaves marked True in the static tree ``frozen``
+    (``frozen_update``), nor those marked in a ``frozen=`` given to its update: a model's state
+    (BatchNorm statistics), set by the forward pass instead."""
+    tx = optax.with_extra_args_support(tx)
+
+    def update(updates, state, params=None, *, frozen=None, **extra_args):
+        mask = static if frozen is None else jax.tree.map(jnp.logical_or, static, frozen)
+        return frozen_update(tx, updates, state, params, mask, **extra_args)
+
+    static = frozen
+    return optax.GradientTransformationExtraArgs(tx.init, update)

@@ -8,7 +8,7 @@ largest client.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +18,9 @@ from fljax.errors import FljaxError
 
 
 class FederatedData(NamedTuple):
-    x: jax.Array       # [N, ...] float32 examples (float64 under jax_enable_x64)
-    y: jax.Array       # [N] int32 labels
+    x: Any             # [N, ...] examples: float32 (float64 under jax_enable_x64) or integer
+                       #   (tokens); or a dict of such arrays (a graph's nodes and edges)
+    y: jax.Array       # [N] int32 labels, or [N, ...] one per position; -1: not scored
     index: jax.Array   # [sum_i n_i] int32 example ids, clients contiguous
     offset: jax.Array  # [C] int32 start of each client in ``index``
     count: jax.Array   # [C] int32 n_i
@@ -34,31 +35,59 @@ class FederatedData(NamedTuple):
         return np.asarray(self.index[start:start + int(self.count[client])])
 
 
-def federate(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray],
+def take(x, ids: jax.Array):
+    """The examples ``ids`` of inputs ``x`` (an array or a dict of arrays)."""
+    return jax.tree.map(lambda a: a[ids], x)
+
+
+def as_device_inputs(x):
+    """Inputs on device: floating arrays in the default float dtype (float32, float64 under
+    jax_enable_x64), integer arrays (tokens, node ids) as int32, booleans kept."""
+    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
+
+    def put(a):
+        a = np.asarray(a)
+        if np.issubdtype(a.dtype, np.floating):
+            return jnp.asarray(a, float_dtype)
+        return jnp.asarray(a, jnp.int32 if np.issubdtype(a.dtype, np.integer) else a.dtype)
+
+    return jax.tree.map(put, x)
+
+
+def federate(x, y: np.ndarray, parts: Sequence[np.ndarray],
              num_classes: int | None = None) -> FederatedData:
-    """Put examples and a partition (one index array per client) on device, checking both."""
-    x = np.asarray(x)
+    """Put examples and a partition (one index array per client) on device, checking both.
+
+    ``x``: an array [N, ...] or a dict of them; ``y``: int labels [N] or [N, ...], -1 for none."""
+    leaves = jax.tree.leaves(x)
     y = np.asarray(y)
-    if x.ndim < 2:
-        raise FljaxError(f"features must have shape [N, ...] with at least 2 dims, got {x.shape}")
-    if y.ndim != 1 or y.shape[0] != x.shape[0]:
-        raise FljaxError(f"labels must have shape [{x.shape[0]}] to match features, got {y.shape}")
+    if not leaves:
+        raise FljaxError("features are empty: give an array [N, ...] or a dict of them")
+    n = np.shape(leaves[0])[0] if np.ndim(leaves[0]) else 0
+    for leaf in leaves:
+        leaf = np.asarray(leaf)
+        if leaf.ndim < 2 or leaf.shape[0] != n:
+            raise FljaxError(f"features must have shape [N, ...] with at least 2 dims and one N "
+                             f"for every input array, got {leaf.shape} (N = {n})")
+        if np.issubdtype(leaf.dtype, np.floating) and not np.all(np.isfinite(leaf)):
+            raise FljaxError(f"features contain {int((~np.isfinite(leaf)).sum())} NaN or Inf "
+                             f"values")
+    if y.ndim < 1 or y.shape[0] != n:
+        raise FljaxError(f"labels must have shape [{n}] or [{n}, ...] to match features, got "
+                         f"{y.shape}")
     if not np.issubdtype(y.dtype, np.integer):
         raise FljaxError(f"labels must be integers, got dtype {y.dtype}")
-    if y.size and (y.min() < 0 or (num_classes is not None and y.max() >= num_classes)):
-        raise FljaxError(f"labels must lie in [0, {num_classes}), got range "
+    if y.size and (y.min() < -1 or (num_classes is not None and y.max() >= num_classes)):
+        raise FljaxError(f"labels must lie in [0, {num_classes}) (-1: not scored), got range "
                          f"[{y.min()}, {y.max()}]")
-    if not np.all(np.isfinite(x)):
-        raise FljaxError(f"features contain {int((~np.isfinite(x)).sum())} NaN or Inf values")
-    index, offset, count = _layout(parts, x.shape[0])
-    float_dtype = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless x64 is on
-    return FederatedData(x=jnp.asarray(x, float_dtype), y=jnp.asarray(y, jnp.int32),
+    index, offset, count = _layout(parts, n)
+    return FederatedData(x=as_device_inputs(x), y=jnp.asarray(y, jnp.int32),
                          index=index, offset=offset, count=count)
 
 
 def with_parts(data: FederatedData, parts: Sequence[np.ndarray]) -> FederatedData:
     """The same examples (no copy) held by clients as ``parts`` says (e.g. each user's test split)."""
-    index, offset, count = _layout(parts, data.x.shape[0])
+    index, offset, count = _layout(parts, data.y.shape[0])
     return data._replace(index=index, offset=offset, count=count)
 
 

@@ -20,6 +20,7 @@ import re
 import zipfile
 from typing import NamedTuple, Sequence
 
+import jax
 import numpy as np
 
 from fljax.errors import FljaxError
@@ -305,8 +306,9 @@ def hold_out(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, np.ndarr
         raise FljaxError(f"validation_fraction {fraction} of {len(order)} training examples "
                          f"leaves an empty split")
     users = None if ds.user_train is None else ds.user_train[kept]
-    return (ds._replace(x_train=ds.x_train[kept], y_train=ds.y_train[kept], user_train=users),
-            ds.x_train[held], ds.y_train[held])
+    take = lambda ids: jax.tree.map(lambda a: a[ids], ds.x_train)
+    return (ds._replace(x_train=take(kept), y_train=ds.y_train[kept], user_train=users),
+            take(held), ds.y_train[held])
 
 
 def load_dataset(name: str, *, data_dir=None) -> Dataset:

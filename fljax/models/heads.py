@@ -54,7 +54,7 @@ def with_projection_head(model: Model, out_dim: int = 256) -> Model:
         raise FljaxError(f"the base model {model.name!r} already has parameter groups {clash}; "
                          f"the projection head adds {list(HEAD_GROUPS)}")
     features, _ = jax.eval_shape(
-        lambda p: model.apply_with_features(p, jnp.zeros((1, *model.input_shape), jnp.float32)),
+        lambda p: model.apply_with_features(p, model.dummy_input()),
         base_params)
     if features.ndim != 2:
         raise FljaxError(f"the base model's features must have shape [batch, d], got "
@@ -87,4 +87,4 @@ def with_projection_head(model: Model, out_dim: int = 256) -> Model:
 
     groups = tuple(g for g in model.groups if g != classifier) + HEAD_GROUPS
     return Model(f"{model.name}+proj{out_dim}", init, apply, apply_with_features, groups,
-                 model.input_shape, model.num_classes)
+                 model.input_spec, model.num_classes)

@@ -135,3 +135,43 @@ def dense(features: int, fan_in: int, name: str, kernel_init=None) -> nn.Dense:
 def group_norm(name: str, groups: int = 2) -> nn.GroupNorm:
     """torch ``GroupNorm(groups, C)``: learnable per-channel scale (1) and bias (0), eps 1e-5."""
     return nn.GroupNorm(num_groups=groups, epsilon=1e-5, name=name)
+
+
+class BatchNorm(nn.Module):
+    """torch ``BatchNorm1d/2d(C)`` (affine, momentum 0.1, eps 1e-5) over every axis but the last.
+
+    Training, on the n values per channel of the real examples (``mask``: [B] or [B, ...] over
+    the leading axes; None: all):
+        mu = mean(x),  v = mean((x - mu)^2),  y = (x - mu) / sqrt(v + eps) * scale + bias
+        running_mean <- (1 - m) running_mean + m mu
+        running_var  <- (1 - m) running_var + m v n / (n - 1)      (torch: unbiased)
+    Evaluation: y = (x - running_mean) / sqrt(running_var + eps) * scale + bias.
+    The running statistics are the ``batch_stats`` collection: fljax carries them as model state.
+    """
+
+    momentum: float = 0.1
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        channels = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (channels,))
+        bias = self.param("bias", nn.initializers.zeros, (channels,))
+        mean = self.variable("batch_stats", "mean", lambda: jnp.zeros(channels, scale.dtype))
+        var = self.variable("batch_stats", "var", lambda: jnp.ones(channels, scale.dtype))
+        if not train:
+            mu, v = mean.value, var.value
+        else:
+            weight = jnp.ones(x.shape[:-1], x.dtype) if mask is None else jnp.broadcast_to(
+                mask.astype(x.dtype).reshape(mask.shape + (1,) * (x.ndim - 1 - mask.ndim)),
+                x.shape[:-1])
+            axes = tuple(range(x.ndim - 1))
+            n = jnp.maximum(weight.sum(), 1.0)
+            mu = jnp.tensordot(weight, x, axes=(axes, axes)) / n
+            v = jnp.tensordot(weight, jnp.square(x - mu), axes=(axes, axes)) / n
+            if not self.is_initializing():
+                m = self.momentum
+                mean.value = ((1 - m) * mean.value + m * mu).astype(mean.value.dtype)
+                unbiased = v * n / jnp.maximum(n - 1.0, 1.0)
+                var.value = ((1 - m) * var.value + m * unbiased).astype(var.value.dtype)
+        return (x - mu) * jax.lax.rsqrt(v + self.epsilon) * scale + bias

@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 from fljax.errors import FljaxError
-from fljax.models.layers import (conv, conv1d, default_conv_impl, dense, max_pool,
+from fljax.models.layers import (BatchNorm, conv, conv1d, default_conv_impl, dense, max_pool,
                                  torch_bias_init)
-from fljax.models.model import Model, from_module
+from fljax.models.model import Model, from_module, input_spec_of
 from fljax.models.resnet import cifar_resnet, torchvision_resnet
 from fljax.models.vgg import VGG
 
@@ -87,6 +89,37 @@ class ConvNet1D(nn.Module):
         return (x, logits) if with_features else logits
 
 
+class ConvNet2(nn.Module):
+    """FederatedScope's ``ConvNet2`` (FedDecay's FEMNIST model): conv5x5-32 (padding 2) -> BN ->
+    ReLU -> maxpool2 -> conv5x5-64 (padding 2) -> BN -> ReLU -> maxpool2 -> flatten -> dropout ->
+    fc ``hidden`` -> ReLU -> dropout -> fc. BatchNorm is torch's (``layers.BatchNorm``): its
+    running statistics are model state. The flatten is position-major (torch's is channel-major:
+    fc1's inputs are permuted; the model class is the same). ``use_bn=False`` drops the BN layers.
+    """
+
+    num_classes: int
+    hidden: int = 2048
+    dropout: float = 0.0
+    use_bn: bool = True
+    conv_impl: str = "im2col"
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, with_features: bool = False, mask=None):
+        for i, width in enumerate((32, 64)):
+            fan_in = 25 * x.shape[-1]
+            x = conv(width, 5, self.conv_impl, f"conv{i + 1}", padding=2,
+                     bias_init=torch_bias_init(fan_in))(x)
+            if self.use_bn:
+                x = BatchNorm(name=f"bn{i + 1}")(x, train, mask)
+            x = max_pool(nn.relu(x))
+        x = x.reshape(x.shape[0], -1)
+        x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        x = nn.relu(dense(self.hidden, x.shape[-1], "fc1")(x))
+        x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        logits = dense(self.num_classes, x.shape[-1], "fc2")(x)
+        return (x, logits) if with_features else logits
+
+
 # name -> (builder(num_classes, conv_impl), smallest spatial input shape it accepts: (H, W) of
 # images [H, W, C], (L,) of signals [L, C], or None for any input, flattened)
 _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None]] = {
@@ -102,16 +135,19 @@ _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None
     "resnet34_gn": (lambda classes, impl: torchvision_resnet((3, 4, 6, 3), classes, impl), (1, 1)),
     "resnet20": (lambda classes, impl: cifar_resnet(3, classes, impl), (1, 1)),
     "vgg11": (lambda classes, impl: VGG(num_classes=classes, conv_impl=impl), (32, 32)),
+    "convnet2": (lambda classes, impl: ConvNet2(num_classes=classes, conv_impl=impl), (4, 4)),
     "cnn1d": (lambda classes, impl: ConvNet1D(channels=(25, 25, 25), kernels=(5, 3, 3),
                                               num_classes=classes, conv_impl=impl), (3,)),
 }
 MODEL_NAMES = tuple(_MODELS)
 
 
-def make_model(name: str, input_shape: Sequence[int], num_classes: int,
+def make_model(name: str, input_shape, num_classes: int,
                conv_impl: str | None = None) -> Model:
     """Build a named model for inputs of ``input_shape`` and ``num_classes`` classes: images
     (H, W, C) for the 2-D CNNs, signals (L, C) for ``cnn1d``, any shape for ``linear``/``mlp``.
+    ``input_shape`` may also be one example (an array, or a dict of arrays for a graph): its
+    shape and dtype are the model's input spec.
 
     - ``linear``: softmax (multinomial logistic) regression on the flattened input: a convex
       model, for checks of convex theory (feddyn-as-initialization.txt Proposition 1).
@@ -124,12 +160,19 @@ def make_model(name: str, input_shape: Sequence[int], num_classes: int,
       GroupNorm(2, C) (FedInit's ResNet-18-GN, FedBug, FedDyn as initialization on Tiny-ImageNet).
     - ``resnet20``: CIFAR ResNet-20 with GroupNorm(2, C) (FedDyn as initialization, CIFAR-100).
     - ``vgg11``: VGG-11 for 32x32 inputs (FedInit, FedDyn as initialization on CIFAR-10).
+    - ``convnet2``: FederatedScope's ConvNet2 with BatchNorm (FedDecay's FEMNIST model; 2048
+      hidden units; its BN statistics are model state).
     - ``cnn1d``: conv5-25, conv3-25, conv3-25 (stride 2, ReLU), linear: the MNIST-1D CNN
       (5,210 parameters on 40-sample signals, 10 classes).
     ``conv_impl`` is 'im2col' or 'xla'; the default is the fast one for the current backend.
     """
     if name not in _MODELS:
         raise FljaxError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")
+    spec = input_spec_of(input_shape)
+    if not (isinstance(spec, jax.ShapeDtypeStruct) and jnp.issubdtype(spec.dtype, jnp.floating)):
+        raise FljaxError(f"model {name!r} needs float inputs (images, signals or vectors), got "
+                         f"{jax.tree.map(lambda s: f'{s.dtype}{list(s.shape)}', spec)}")
+    input_shape = spec.shape
     build, least = _MODELS[name]
     if least is not None and (len(input_shape) != len(least) + 1 or
                               any(s < m for s, m in zip(input_shape, least))):

@@ -33,7 +33,8 @@ def train_evaluation(batch_size: int = 1024) -> Probe:
         if key not in evaluators:
             index = np.asarray(view.data.index)
             evaluators.clear()
-            evaluators[key] = make_evaluator(view.model, np.asarray(view.data.x)[index],
+            examples = jax.tree.map(lambda a: np.asarray(a)[index], view.data.x)
+            evaluators[key] = make_evaluator(view.model, examples,
                                              np.asarray(view.data.y)[index], batch_size)
         params = next(iter(view.algorithm.eval_models(view.state.params,
                                                       view.state.server_state).values()))

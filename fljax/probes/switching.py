@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from fljax.algorithms.base import Params
-from fljax.data.federated import FederatedData
+from fljax.data.federated import FederatedData, take
 from fljax.errors import FljaxError
 from fljax.models.model import Model, cross_entropy
 from fljax.probes.base import Probe, RoundView, squared_norm
@@ -95,10 +95,10 @@ def switching_criterion(*, alpha: float, smoothness: float, zeta: float,
 
 def pooled_loss(model: Model, data: FederatedData):
     """f(w) = sum_k (n_k / n) f_k(w): the mean loss over every example the clients hold."""
-    x, y = data.x[data.index], data.y[data.index]
+    x, y = take(data.x, data.index), data.y[data.index]
 
     def loss(params):
-        return cross_entropy(model.apply(params, x.astype(jax.tree.leaves(params)[0].dtype)), y)
+        return cross_entropy(model.apply(params, x), y)
 
     return loss
 

@@ -1,0 +1,86 @@
+"""Layers that never leave the client: FedBN, and any other leaves an algorithm keeps local.
+
+Li, Jiang, Zhang, Kamp, Dou, "FedBN: Federated Learning on Non-IID Features via Local Batch
+Normalization", ICLR 2021 (FedDecay's baseline, FederatedScope ``personalization.local_param =
+['bn', 'norms']``): every client keeps its own BatchNorm layers, their scale and bias and their
+running statistics; the server aggregates everything else. ``local_layers(algorithm, local)``
+does this for ANY algorithm and any static mask ``local`` (True: the leaf stays local). Client i
+keeps its own values v_i of the local leaves (initially those of w^0) and combines them with the
+broadcast model: the wrapped algorithm runs as if the server had sent
+
+    w_i^t = w^t on the shared leaves, v_i on the local leaves          (its ``ctx.params``)
+
+so its start, corrections and proximal centre are the client's own model; after local training
+v_i <- y_i,K on the local leaves. Message, server update and the wrapped client state are the
+wrapped algorithm's. The server's values on the local leaves therefore move by the wrapped rule
+applied to the clients' changes of their own values (FedAvg: w <- w + sum_S p_i (y_i,K - w_i^t));
+no client trains from them. FedBN's paper scores each client with its own model (personalized
+evaluation). Memory: one copy of the local leaves per client (N x the BN parameters and
+statistics).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from fljax.algorithms.base import Algorithm, ClientContext, Params
+from fljax.errors import FljaxError
+
+
+def _own(local: Params, tree: Params) -> Params:
+    """``tree`` on the local leaves, None (an empty subtree) on the shared ones."""
+    return jax.tree.map(lambda keep, leaf: leaf if keep else None, local, tree)
+
+
+def _with_own(local: Params, tree: Params, own: Params) -> Params:
+    """``tree`` with ``own`` on the local leaves."""
+    return jax.tree.map(lambda keep, leaf, mine: mine if keep else leaf, local, tree, own)
+
+
+def local_layers(algorithm: Algorithm, local: Params, name: str | None = None) -> Algorithm:
+    """``algorithm`` whose clients keep their own values of the leaves marked True in ``local``
+    (a tree of Python bools shaped like the params)."""
+    if not isinstance(algorithm, Algorithm):
+        raise FljaxError(f"local_layers wraps an Algorithm, got {type(algorithm).__name__}")
+    if not any(jax.tree.leaves(local)):
+        raise FljaxError("local_layers needs at least one local leaf; the mask marks none")
+
+    def inner(ctx: ClientContext) -> ClientContext:
+        state, own = ctx.client_state
+        return ctx._replace(client_state=state, params=_with_own(local, ctx.params, own))
+
+    def client_init(params):
+        return algorithm.client_init(params), _own(local, params)
+
+    def client_end(ctx, start, end):
+        state, message = algorithm.client_end(inner(ctx), start, end)
+        return (state, _own(local, end)), message
+
+    return algorithm._replace(
+        name=name or f"{algorithm.name}+local_layers", client_init=client_init,
+        client_start=lambda ctx, key: algorithm.client_start(inner(ctx), key),
+        client_end=client_end,
+        client_tx=lambda ctx: algorithm.client_tx(inner(ctx)),
+        client_loss=lambda ctx, loss_fn: algorithm.client_loss(inner(ctx), loss_fn),
+        client_metrics=lambda ctx, start, end: algorithm.client_metrics(inner(ctx), start, end),
+        client_vectors=lambda ctx: algorithm.client_vectors(inner(ctx)),
+        cohort_start=None if algorithm.cohort_start is None else (
+            lambda ctx: algorithm.cohort_start(inner(ctx))))
+
+
+def normalization_layers(state_mask: Params) -> Params:
+    """True on every leaf of a module that holds model state (a BatchNorm layer's scale, bias and
+    running statistics), from a model's ``state_mask``."""
+    if state_mask is None:
+        raise FljaxError("FedBN needs a model with BatchNorm state (e.g. 'convnet2'); this model "
+                         "has none")
+    flat = flatten_dict(state_mask)
+    stateful = {path[:-1] for path, is_state in flat.items() if is_state}
+    return unflatten_dict({path: path[:-1] in stateful for path in flat})
+
+
+def fedbn(algorithm: Algorithm, state_mask: Params) -> Algorithm:
+    """FedBN: ``algorithm`` with every BatchNorm layer local (``model.state_mask`` says where)."""
+    return local_layers(algorithm, normalization_layers(state_mask),
+                        name=f"{algorithm.name}+fedbn")
