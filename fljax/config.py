@@ -41,11 +41,13 @@ class ExperimentConfig:
     metadata holds its --help group and text."""
 
     dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
-                          "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); a "
-                          "tensorflow-datasets name prepared in --data-dir; or an .npz file "
-                          "holding x_train, y_train, x_test, y_test")
+                          "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); "
+                          "'leaf/femnist', 'leaf/shakespeare', 'leaf/sent140', 'leaf/synthetic' "
+                          "(LEAF JSON in --data-dir, natural users); a tensorflow-datasets name "
+                          "prepared in --data-dir; or an .npz file holding x_train, y_train, "
+                          "x_test, y_test (and client_id_train, client_id_test for users)")
     data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
-                                  "data (fljax never downloads)")
+                                  "data, or of a LEAF dataset (fljax never downloads)")
     partition: str = option("dirichlet", "data", "how the training set is split among the "
                             f"clients: one of {', '.join(PARTITIONS)} (natural: one client per "
                             "user, for datasets with users)")
@@ -63,6 +65,9 @@ class ExperimentConfig:
                           f"{' or '.join(AUGMENTATIONS)} (the FedDyn code's CIFAR flip + pad-4 "
                           "crop)")
     model: str = option("mlp", "model", f"one of {', '.join(MODEL_NAMES)}")
+    pretrained: str | None = option(None, "model", "a local pretrained checkpoint the model "
+                                    "starts from: BERT weights (.npz of HuggingFace names) for "
+                                    "model bert_tiny")
     conv_impl: str | None = option(None, "model", f"convolution: {' or '.join(CONV_IMPLS)}; "
                                    "unset: im2col on CPU (fast inside a scan), xla elsewhere")
     algorithm: str = option("fedavg", "algorithm", "the federated algorithm (`fljax algorithms` "

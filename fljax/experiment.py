@@ -25,6 +25,7 @@ from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
+from fljax.models.text import load_bert_checkpoint
 from fljax.personalize import make_user_evaluator
 from fljax.probes import Probe
 
@@ -332,8 +333,20 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             model, data, users, finetune=finetune, steps=config.finetune_steps,
             batch_size=None if config.batch_size == 0 else config.batch_size)
 
+    def initial_params():
+        params = model.init(jax.random.PRNGKey(config.seed))
+        if config.pretrained is not None:
+            params = load_bert_checkpoint(config.pretrained, params)
+        return params
+
+    if config.pretrained is not None:
+        if config.model != "bert_tiny":
+            raise FljaxError(f"--pretrained loads BERT weights into model bert_tiny; model "
+                             f"{config.model!r} takes none")
+        jax.eval_shape(initial_params)       # a missing or wrong checkpoint fails here, at once
+
     def initial_state() -> RoundState:
-        return round_fn.init_state(model.init(jax.random.PRNGKey(config.seed)), config.seed)
+        return round_fn.init_state(initial_params(), config.seed)
 
     return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
                       evaluate_users, evaluate_validation)

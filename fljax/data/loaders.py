@@ -321,7 +321,10 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
       'synthetic_iid' -> :func:`fljax.data.synthetic.load_synthetic` with 30 users and seed 0;
       every run of a name gets the same data, as the generated files of the FedProx code do (the
       Python functions take other seeds and sizes);
-    - a path ending in .npz -> :func:`load_npz`;
+    - 'leaf/KIND' (femnist, shakespeare, sent140, synthetic) -> :func:`fljax.data.leaf.load_leaf`
+      from ``data_dir``, the LEAF dataset's directory: clients are its users (partition natural);
+    - a path ending in .npz -> :func:`load_npz`, or :func:`fljax.data.leaf.load_user_npz` when it
+      holds each example's user (``client_id_train``, ``client_id_test``);
     - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel and
       EMNIST balanced mapped to [-1, 1], CHANNEL_STATS).
     """
@@ -344,7 +347,18 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
         if match[1] is None:
             return load_synthetic(iid=True)
         return load_synthetic(float(match[1]), float(match[2]))
+    if name.startswith("leaf/"):
+        from fljax.data.leaf import load_leaf
+
+        if data_dir is None:
+            raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the LEAF "
+                             f"dataset (e.g. leaf/data/{name[5:]})")
+        return load_leaf(str(data_dir), name[5:])
     if name.endswith(".npz"):
+        from fljax.data.leaf import load_user_npz
+
+        if os.path.isfile(name) and _has_users(name):
+            return load_user_npz(name)
         return load_npz(name)
     if data_dir is None:
         raise FljaxError(
@@ -355,6 +369,14 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
     if name in CHANNEL_STATS:
         dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
     return dataset
+
+
+def _has_users(path: str) -> bool:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return "client_id_train" in f.files
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return False       # load_npz says what is wrong with the file
 
 
 def normalize_channels(ds: Dataset, mean, std) -> Dataset:

@@ -17,6 +17,7 @@ from fljax.models.layers import (BatchNorm, conv, conv1d, default_conv_impl, den
                                  torch_bias_init)
 from fljax.models.model import Model, from_module, input_spec_of
 from fljax.models.resnet import cifar_resnet, torchvision_resnet
+from fljax.models.text import CharLSTM, TransformerClassifier
 from fljax.models.vgg import VGG
 
 
@@ -139,7 +140,12 @@ _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None
     "cnn1d": (lambda classes, impl: ConvNet1D(channels=(25, 25, 25), kernels=(5, 3, 3),
                                               num_classes=classes, conv_impl=impl), (3,)),
 }
-MODEL_NAMES = tuple(_MODELS)
+# token models: name -> builder(num_classes), for int32 sequences [T]
+_TOKEN_MODELS: dict[str, Callable[[int], nn.Module]] = {
+    "char_lstm": lambda classes: CharLSTM(vocab=classes),
+    "bert_tiny": lambda classes: TransformerClassifier(num_classes=classes),
+}
+MODEL_NAMES = tuple(_MODELS) + tuple(_TOKEN_MODELS)
 
 
 def make_model(name: str, input_shape, num_classes: int,
@@ -162,13 +168,23 @@ def make_model(name: str, input_shape, num_classes: int,
     - ``vgg11``: VGG-11 for 32x32 inputs (FedInit, FedDyn as initialization on CIFAR-10).
     - ``convnet2``: FederatedScope's ConvNet2 with BatchNorm (FedDecay's FEMNIST model; 2048
       hidden units; its BN statistics are model state).
+    - ``char_lstm``: LEAF/FedGA's Shakespeare model, embedding 8, 2 x LSTM 100, next character at
+      every position (int32 tokens [T]; the classes are the alphabet).
+    - ``bert_tiny``: a BERT-Tiny-shaped transformer classifier (2 layers, hidden 128, 2 heads) on
+      int32 tokens [T] (pad 0); ``--pretrained`` loads a local BERT checkpoint.
     - ``cnn1d``: conv5-25, conv3-25, conv3-25 (stride 2, ReLU), linear: the MNIST-1D CNN
       (5,210 parameters on 40-sample signals, 10 classes).
     ``conv_impl`` is 'im2col' or 'xla'; the default is the fast one for the current backend.
     """
-    if name not in _MODELS:
+    if name not in MODEL_NAMES:
         raise FljaxError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")
     spec = input_spec_of(input_shape)
+    if name in _TOKEN_MODELS:
+        if not (isinstance(spec, jax.ShapeDtypeStruct) and len(spec.shape) == 1 and
+                jnp.issubdtype(spec.dtype, jnp.integer)):
+            raise FljaxError(f"model {name!r} needs integer token sequences [T], got "
+                             f"{jax.tree.map(lambda s: f'{s.dtype}{list(s.shape)}', spec)}")
+        return from_module(name, _TOKEN_MODELS[name](num_classes), spec, num_classes)
     if not (isinstance(spec, jax.ShapeDtypeStruct) and jnp.issubdtype(spec.dtype, jnp.floating)):
         raise FljaxError(f"model {name!r} needs float inputs (images, signals or vectors), got "
                          f"{jax.tree.map(lambda s: f'{s.dtype}{list(s.shape)}', spec)}")

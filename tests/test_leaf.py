@@ -1,0 +1,170 @@
+"""Natural users: LEAF-format JSON and npz files with user ids, read from local files the tests write,
+trained end to end from the CLI; Shakespeare's next-character targets."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from fljax.cli import main
+from fljax.data.leaf import LETTERS, load_leaf, load_user_npz, write_leaf, write_synthetic
+from fljax.data.loaders import load_dataset
+from fljax.errors import FljaxError
+
+
+TEXT = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer " * 2
+
+
+def shakespeare_users():
+    """Windows of 80 characters of TEXT and the character after each, over three users."""
+    users, start = {}, 0
+    for u, name in enumerate(["HAMLET", "OPHELIA", "POLONIUS"]):
+        starts = range(start, start + u + 2)
+        users[name] = ([TEXT[i:i + 80] for i in starts], [TEXT[i + 80] for i in starts])
+        start += u + 2
+    return users
+
+
+def test_leaf_split_round_trip_keeps_every_users_examples(tmp_path):
+    rng = np.random.default_rng(0)
+    train = {f"f{u}": (rng.random((u + 2, 784)).round(3).tolist(), [u, 61] + [0] * u)
+             for u in range(3)}
+    test = {"f0": ([[0.5] * 784], [7]), "f2": ([[0.25] * 784] * 2, [1, 2]),
+            "only_test": ([[0.0] * 784], [3])}
+    write_leaf(tmp_path / "femnist", train, "train", users_per_file=2)
+    write_leaf(tmp_path / "femnist", test, "test")
+    ds = load_leaf(str(tmp_path / "femnist"))           # the kind from the directory name
+    assert ds.name == "leaf/femnist" and ds.num_classes == 62
+    assert ds.x_train.shape == (9, 28, 28, 1) and ds.x_train.dtype == np.float32
+    for u in range(3):
+        mine = ds.user_train == u
+        np.testing.assert_allclose(ds.x_train[mine].reshape(-1, 784), train[f"f{u}"][0],
+                                   rtol=1e-6)
+        assert ds.y_train[mine].tolist() == train[f"f{u}"][1]
+    assert ds.user_test.tolist() == [0, 2, 2] and ds.y_test.tolist() == [7, 1, 2]   # test-only
+    np.testing.assert_allclose(ds.x_test[0], 0.5)                           # user dropped
+
+
+def test_all_data_is_split_per_user_seeded(tmp_path):
+    write_synthetic(str(tmp_path / "synthetic"), num_users=6, seed=1)
+    a = load_leaf(str(tmp_path / "synthetic"), test_fraction=0.25, seed=3)
+    b = load_leaf(str(tmp_path / "synthetic"), test_fraction=0.25, seed=3)
+    np.testing.assert_array_equal(a.x_test, b.x_test)
+    assert a.x_train.shape[1] == 60 and sorted(set(a.user_train)) == list(range(6))
+    for u in range(6):
+        n_train, n_test = np.sum(a.user_train == u), np.sum(a.user_test == u)
+        assert n_train >= 1 and n_test == round(0.25 * (n_train + n_test))
+
+
+def test_shakespeare_targets_are_the_next_character_at_every_position(tmp_path):
+    users = shakespeare_users()
+    write_leaf(tmp_path / "shakespeare", users, "all_data")
+    ds = load_leaf(str(tmp_path / "shakespeare"), test_fraction=0.3)
+    assert ds.x_train.dtype == np.int32 and ds.x_train.shape[1] == 80
+    assert ds.y_train.shape == ds.x_train.shape and ds.num_classes == len(LETTERS) == 80
+    decode = lambda row: "".join(LETTERS[i] for i in row)
+    for x, y in zip(ds.x_train, ds.y_train):
+        text = decode(x)
+        assert decode(y) == text[1:] + TEXT[TEXT.index(text) + 80]
+
+
+def test_sent140_vocabulary_comes_from_training_users(tmp_path):
+    record = lambda text: ["id", "date", "query", "user", text]
+    write_leaf(tmp_path / "sent140", {"a": ([record("good day good"), record("bad")], [1, 0])},
+               "train")
+    write_leaf(tmp_path / "sent140", {"a": ([record("good unseen")], [1])}, "test")
+    ds = load_leaf(str(tmp_path / "sent140"))
+    assert ds.x_train.shape == (2, 25) and ds.num_classes == 2
+    good, day, bad = 2, 3, 4           # by frequency, ties in first-seen order; 0 pad, 1 unknown
+    assert ds.x_train[0, :4].tolist() == [good, day, good, 0]
+    assert ds.x_test[0, :3].tolist() == [good, 1, 0]
+
+
+def test_npz_with_user_ids(tmp_path):
+    path = tmp_path / "users.npz"
+    np.savez(path, x_train=np.arange(12, dtype=np.int64).reshape(6, 2), y_train=np.arange(6) % 2,
+             x_test=np.zeros((3, 2), np.int64), y_test=np.array([0, 1, 1]),
+             client_id_train=np.array([40, 7, 7, 40, 9, 9]), client_id_test=np.array([7, 8, 40]))
+    ds = load_dataset(str(path))
+    assert ds.x_train.dtype == np.int64 and ds.user_train.tolist() == [2, 0, 0, 2, 1, 1]
+    assert ds.user_test.tolist() == [0, 2] and ds.y_test.tolist() == [0, 1]   # user 8 dropped
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "not_json", "no_users", "count", "pixels",
+                                  "kind"])
+def test_bad_leaf_input_is_one_line(tmp_path, case):
+    root = tmp_path / "femnist"
+    folder = root / "data" / "all_data"
+    if case != "missing":
+        folder.mkdir(parents=True)
+    good = {"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[0.0] * 784], "y": [1]}}}
+    content = {"not_json": "{users: oops", "no_users": json.dumps({"x": 1}),
+               "count": json.dumps({**good, "num_samples": [2]}),
+               "pixels": json.dumps({**good, "user_data": {"u": {"x": [[0.0] * 5], "y": [1]}}}),
+               "kind": json.dumps(good)}.get(case)
+    if content is not None:
+        (folder / "part.json").write_text(content)
+    with pytest.raises(FljaxError) as err:
+        load_leaf(str(root), "emnist" if case == "kind" else None)
+    message = str(err.value)
+    assert "\n" not in message
+    expected = {"missing": "does not exist", "empty": "has no .json files",
+                "not_json": "part.json' is not valid JSON", "no_users": "'users' and 'user_data'",
+                "count": "num_samples 2", "pixels": "784 pixel values",
+                "kind": "must be one of"}[case]
+    assert expected in message
+
+
+def test_bad_user_npz_is_one_line(tmp_path):
+    path = tmp_path / "u.npz"
+    np.savez(path, x_train=np.zeros((2, 2)), y_train=np.zeros(2, int), x_test=np.zeros((1, 2)),
+             y_test=np.zeros(1, int), client_id_train=np.zeros(3, int),
+             client_id_test=np.zeros(1, int))
+    with pytest.raises(FljaxError, match="must have one equal, non-zero length, got 2, 2, 3"):
+        load_user_npz(str(path))
+
+
+def test_natural_users_train_end_to_end_from_the_cli(tmp_path):
+    write_synthetic(str(tmp_path / "leaf"), num_users=8, seed=0)
+    out = tmp_path / "run"
+    code = main(["--dataset", "leaf/synthetic", "--data-dir", str(tmp_path / "leaf"),
+                 "--partition", "natural", "--num-clients", "8", "--clients-per-round", "4",
+                 "--model", "mlp", "--batch-size", "10", "--local-epochs", "1",
+                 "--lr", "0.05", "--rounds", "6", "--eval-every", "3",
+                 "--quiet", "--out-dir", str(out)])
+    assert code == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [line for line in lines if line["kind"] == "eval"]
+    assert [e["round"] for e in evals] == [3, 6] and evals[-1]["loss"] < evals[0]["loss"]
+    rounds = [line for line in lines if line["kind"] == "round"]
+    assert all(0 <= c < 8 for r in rounds for c in r["clients"])
+
+
+def test_leaf_dataset_needs_its_directory(capsys):
+    assert main(["--dataset", "leaf/femnist", "--partition", "natural", "--quiet"]) == 2
+    assert "needs --data-dir" in capsys.readouterr().err
+
+
+def test_shakespeare_lstm_trains_in_the_compiled_round(tmp_path):
+    from fljax import algorithms
+    from fljax.data.federated import federate
+    from fljax.data.partition import natural
+    from fljax.engine import make_round
+    from fljax.evaluate import make_evaluator
+    from fljax.models import make_model
+
+    write_leaf(tmp_path / "shakespeare", shakespeare_users(), "all_data")
+    ds = load_leaf(str(tmp_path / "shakespeare"), test_fraction=0.3)
+    model = make_model("char_lstm", ds.x_train[0], ds.num_classes)
+    data = federate(ds.x_train, ds.y_train, natural(ds.user_train, 3), ds.num_classes)
+    round_fn = make_round(algorithms.fedavg(algorithms.local_sgd(1.0, clip_norm=5.0)), model,
+                          data, clients_per_round=3, batch_size=2, local_steps=10)
+    state = round_fn.init_state(model.init(jax.random.key(0)), seed=0)
+    evaluate = make_evaluator(model, ds.x_train, ds.y_train)
+    before = float(evaluate(state.params)["loss"])
+    for _ in range(4):
+        state, metrics = round_fn(state)
+    after = evaluate(state.params)
+    assert float(after["loss"]) < 0.8 * before     # the characters' statistics are being learnt
+    assert round_fn.compilations() == 1
