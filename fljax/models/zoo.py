@@ -22,16 +22,21 @@ from fljax.models.vgg import VGG
 
 
 class MLP(nn.Module):
-    """Fully connected ReLU network on flattened inputs."""
+    """Fully connected ReLU network on flattened inputs; with ``batch_norm``, torch's BatchNorm
+    between each hidden layer and its ReLU (its statistics are model state)."""
 
     hidden: Sequence[int]
     num_classes: int
+    batch_norm: bool = False
 
     @nn.compact
-    def __call__(self, x, train: bool = False, with_features: bool = False):
+    def __call__(self, x, train: bool = False, with_features: bool = False, mask=None):
         x = x.reshape(x.shape[0], -1)
         for i, width in enumerate(self.hidden):
-            x = nn.relu(dense(width, x.shape[-1], f"fc{i + 1}")(x))
+            x = dense(width, x.shape[-1], f"fc{i + 1}")(x)
+            if self.batch_norm:
+                x = BatchNorm(name=f"bn{i + 1}")(x, train, mask)
+            x = nn.relu(x)
         logits = dense(self.num_classes, x.shape[-1], f"fc{len(self.hidden) + 1}")(x)
         return (x, logits) if with_features else logits
 
@@ -126,6 +131,8 @@ class ConvNet2(nn.Module):
 _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None]] = {
     "linear": (lambda classes, impl: MLP(hidden=(), num_classes=classes), None),
     "mlp": (lambda classes, impl: MLP(hidden=(200, 200), num_classes=classes), None),
+    "mlp_bn": (lambda classes, impl: MLP(hidden=(200, 200), num_classes=classes,
+                                         batch_norm=True), None),
     "small_cnn": (lambda classes, impl: ConvNet(channels=(16, 32), hidden=(128,),
                                                 num_classes=classes, conv_impl=impl), (13, 13)),
     "standard_cnn": (lambda classes, impl: ConvNet(channels=(64, 64), hidden=(384, 192),
@@ -157,7 +164,8 @@ def make_model(name: str, input_shape, num_classes: int,
 
     - ``linear``: softmax (multinomial logistic) regression on the flattened input: a convex
       model, for checks of convex theory (feddyn-as-initialization.txt Proposition 1).
-    - ``mlp``: 200-200 ReLU MLP (McMahan et al. 2017's 2NN).
+    - ``mlp``: 200-200 ReLU MLP (McMahan et al. 2017's 2NN); ``mlp_bn`` with BatchNorm after
+      each hidden layer (a small model with state, e.g. for FedBN on vectors).
     - ``small_cnn``: conv5x5-16, pool, conv5x5-32, pool, fc128, fc (the 28x28 benchmark CNN).
     - ``standard_cnn``: conv5x5-64, pool, conv5x5-64, pool, fc384, fc192, fc (FedDyn / FedBug).
     - ``emnist_cnn``: conv5x5-32, pool, conv5x5-64, pool, fc (FedGA's ``cnn_mnist``; 100,271
