@@ -43,8 +43,8 @@ class ExperimentConfig:
     dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
                           "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); "
                           "'leaf/femnist', 'leaf/shakespeare', 'leaf/sent140', 'leaf/synthetic' "
-                          "(LEAF JSON in --data-dir, natural users); a tensorflow-datasets name "
-                          "prepared in --data-dir; or an .npz file holding x_train, y_train, "
+                          "(LEAF JSON in --data-dir, natural users); a tfds name prepared there; "
+                          "or an .npz file holding x_train, y_train, "
                           "x_test, y_test (and client_id_train, client_id_test for users)")
     data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
                                   "data, or of a LEAF dataset (fljax never downloads)")

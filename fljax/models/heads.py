@@ -82,7 +82,8 @@ def with_projection_head(model: Model, out_dim: int = 256) -> Model:
         h, _ = model.apply_with_features(backbone, x, train=train, rng=rng)
         return head.apply({"params": {k: params[k] for k in HEAD_GROUPS}}, h)
 
-    def apply(params, x, train=False, rng=None):
+    def apply(params, x, train=False, rng=None, mask=None):
+        del mask    # the base's features take no example mask (MOON's bases have no BatchNorm)
         return apply_with_features(params, x, train, rng)[1]
 
     groups = tuple(g for g in model.groups if g != classifier) + HEAD_GROUPS
