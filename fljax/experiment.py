@@ -284,7 +284,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     data and everything else still come from the config.
     """
     config.validate()
-    dataset = loaders.load_dataset(config.dataset, data_dir=config.data_dir)
+    dataset = loaders.load_dataset(config.dataset, data_dir=config.data_dir,
+                                   num_clients=config.num_clients, seed=config.seed)
     validation = None
     if config.validation_fraction > 0:
         dataset, *validation = loaders.hold_out(dataset, config.validation_fraction, config.seed)

@@ -311,7 +311,7 @@ def hold_out(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, np.ndarr
             take(held), ds.y_train[held])
 
 
-def load_dataset(name: str, *, data_dir=None) -> Dataset:
+def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0) -> Dataset:
     """A dataset by name; only tfds datasets need ``data_dir``.
 
     - 'digits' -> :func:`load_digits`;
@@ -323,6 +323,9 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
       Python functions take other seeds and sizes);
     - 'leaf/KIND' (femnist, shakespeare, sent140, synthetic) -> :func:`fljax.data.leaf.load_leaf`
       from ``data_dir``, the LEAF dataset's directory: clients are its users (partition natural);
+    - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
+      ``num_clients`` Louvain communities, one example (a subgraph) per client
+      (:func:`fljax.data.graphs.federated_graph_dataset`, seeded by ``seed``);
     - a path ending in .npz -> :func:`load_npz`, or :func:`fljax.data.leaf.load_user_npz` when it
       holds each example's user (``client_id_train``, ``client_id_test``);
     - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel and
@@ -354,6 +357,19 @@ def load_dataset(name: str, *, data_dir=None) -> Dataset:
             raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the LEAF "
                              f"dataset (e.g. leaf/data/{name[5:]})")
         return load_leaf(str(data_dir), name[5:])
+    if name.startswith("planetoid/"):
+        from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
+
+        if data_dir is None:
+            raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the Planetoid "
+                             f"files")
+        if name[10:] not in SPLITS:
+            raise FljaxError(f"unknown Planetoid dataset {name!r}; choose planetoid/pubmed, "
+                             f"planetoid/cora or planetoid/citeseer")
+        graph = load_planetoid(name[10:], str(data_dir))
+        dataset, _ = federated_graph_dataset(graph, num_clients, seed=seed,
+                                             split=SPLITS[name[10:]])
+        return dataset._replace(name=name)
     if name.endswith(".npz"):
         from fljax.data.leaf import load_user_npz
 

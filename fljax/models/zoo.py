@@ -17,6 +17,7 @@ from fljax.models.layers import (BatchNorm, conv, conv1d, default_conv_impl, den
                                  torch_bias_init)
 from fljax.models.model import Model, from_module, input_spec_of
 from fljax.models.resnet import cifar_resnet, torchvision_resnet
+from fljax.models.gnn import GIN
 from fljax.models.text import CharLSTM, TransformerClassifier
 from fljax.models.vgg import VGG
 
@@ -152,7 +153,10 @@ _TOKEN_MODELS: dict[str, Callable[[int], nn.Module]] = {
     "char_lstm": lambda classes: CharLSTM(vocab=classes),
     "bert_tiny": lambda classes: TransformerClassifier(num_classes=classes),
 }
-MODEL_NAMES = tuple(_MODELS) + tuple(_TOKEN_MODELS)
+# graph models: name -> builder(num_classes), for fljax.data.graphs' padded subgraphs
+_GRAPH_MODELS: dict[str, Callable[[int], nn.Module]] = {"gin": lambda classes: GIN(classes)}
+GRAPH_KEYS = {"nodes", "senders", "receivers", "edge_mask", "node_mask"}
+MODEL_NAMES = tuple(_MODELS) + tuple(_TOKEN_MODELS) + tuple(_GRAPH_MODELS)
 
 
 def make_model(name: str, input_shape, num_classes: int,
@@ -180,6 +184,8 @@ def make_model(name: str, input_shape, num_classes: int,
       every position (int32 tokens [T]; the classes are the alphabet).
     - ``bert_tiny``: a BERT-Tiny-shaped transformer classifier (2 layers, hidden 128, 2 heads) on
       int32 tokens [T] (pad 0); ``--pretrained`` loads a local BERT checkpoint.
+    - ``gin``: FederatedScope's GIN (2 GIN layers with BatchNorm, hidden 64, dropout 0.5), per
+      node logits of a graph dataset's padded subgraphs.
     - ``cnn1d``: conv5-25, conv3-25, conv3-25 (stride 2, ReLU), linear: the MNIST-1D CNN
       (5,210 parameters on 40-sample signals, 10 classes).
     ``conv_impl`` is 'im2col' or 'xla'; the default is the fast one for the current backend.
@@ -193,6 +199,11 @@ def make_model(name: str, input_shape, num_classes: int,
             raise FljaxError(f"model {name!r} needs integer token sequences [T], got "
                              f"{jax.tree.map(lambda s: f'{s.dtype}{list(s.shape)}', spec)}")
         return from_module(name, _TOKEN_MODELS[name](num_classes), spec, num_classes)
+    if name in _GRAPH_MODELS:
+        if not (isinstance(spec, dict) and set(spec) == GRAPH_KEYS):
+            raise FljaxError(f"model {name!r} needs a graph dataset's subgraphs (a dict of "
+                             f"{sorted(GRAPH_KEYS)}), e.g. dataset planetoid/pubmed")
+        return from_module(name, _GRAPH_MODELS[name](num_classes), spec, num_classes)
     if not (isinstance(spec, jax.ShapeDtypeStruct) and jnp.issubdtype(spec.dtype, jnp.floating)):
         raise FljaxError(f"model {name!r} needs float inputs (images, signals or vectors), got "
                          f"{jax.tree.map(lambda s: f'{s.dtype}{list(s.shape)}', spec)}")
