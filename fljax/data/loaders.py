@@ -323,6 +323,7 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
       Python functions take other seeds and sizes);
     - 'leaf/KIND' (femnist, shakespeare, sent140, synthetic) -> :func:`fljax.data.leaf.load_leaf`
       from ``data_dir``, the LEAF dataset's directory: clients are its users (partition natural);
+    - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
       (:func:`fljax.data.graphs.federated_graph_dataset`, seeded by ``seed``);
@@ -357,6 +358,10 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
             raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the LEAF "
                              f"dataset (e.g. leaf/data/{name[5:]})")
         return load_leaf(str(data_dir), name[5:])
+    if name == "glue/sst2":
+        from fljax.data.text import load_sst2
+
+        return load_sst2(data_dir)
     if name.startswith("planetoid/"):
         from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
 
