@@ -199,7 +199,7 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
     """Apply the config's wrappers (WRAPPERS order): FedBug's gradual unfreezing (``fraction``,
     ``unit`` 'M' or 'B' for ResNets, ``order``, ``frozen_last``), FedDecay's local decay
     (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``), FedBN
-    (``{}``: the model's BatchNorm layers stay local)."""
+    (``{}``: the model's normalization layers stay local)."""
     for wrapper in WRAPPERS:
         if wrapper not in wrappers:
             continue
@@ -211,7 +211,7 @@ def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
         if wrapper == "gradual_unfreezing":
             leading.append(unfreeze_units(model, args.pop(UNIT.name, UNIT.default)))
         if wrapper == "fedbn":
-            leading.append(model.state_mask)
+            leading.append(jax.eval_shape(model.init, jax.random.key(0)))
         algorithm = call(wrapper, getattr(algorithms, wrapper), leading, args, {},
                          kind="wrapper")
     return algorithm

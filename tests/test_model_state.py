@@ -153,7 +153,7 @@ def test_rounds_with_batch_norm_match_float64_reference(local_bn):
             settings["lr"], momentum=settings["momentum"], weight_decay=settings["weight_decay"],
             clip_norm=settings["clip"]), mu=settings["mu"])
         if local_bn:
-            algorithm = algorithms.fedbn(algorithm, model.state_mask)
+            algorithm = algorithms.fedbn(algorithm, params)
         round_fn = make_round(algorithm, model, federate(x, y, parts, NUM_CLASSES),
                               clients_per_round=3, batch_size=5, local_steps=4)
         state = init_state(algorithm, params, len(parts), seed=7)
@@ -194,7 +194,14 @@ def test_convnet2_trains_and_evaluates_with_running_statistics():
     assert not np.allclose(eval_logits, train_logits)     # eval uses the running statistics
 
 
-def test_fedbn_needs_a_model_with_state():
-    with pytest.raises(FljaxError, match="BatchNorm state"):
-        algorithms.fedbn(algorithms.fedavg(algorithms.local_sgd(0.1)),
-                         make_model("mlp", (4,), 3).state_mask)
+def test_fedbn_keeps_normalization_layers_by_federatedscopes_name_rule():
+    fedavg = algorithms.fedavg(algorithms.local_sgd(0.1))
+    with pytest.raises(FljaxError, match="needs normalization layers"):
+        algorithms.fedbn(fedavg, make_model("mlp", (4,), 3).init(jax.random.key(0)))
+    bert = make_model("bert_tiny", np.zeros(8, np.int32), 2)
+    local = algorithms.fedbn(fedavg, jax.eval_shape(bert.init, jax.random.key(0))).client_init(
+        jax.eval_shape(bert.init, jax.random.key(0)))[1]
+    kept = {tuple(k.key for k in path[:-1])
+            for path, _ in jax.tree_util.tree_flatten_with_path(local)[0]}
+    assert kept == {("embedding_norm",), ("layer0", "attention_norm"), ("layer0", "ffn_norm"),
+                    ("layer1", "attention_norm"), ("layer1", "ffn_norm")}

@@ -2,8 +2,9 @@
 
 Li, Jiang, Zhang, Kamp, Dou, "FedBN: Federated Learning on Non-IID Features via Local Batch
 Normalization", ICLR 2021 (FedDecay's baseline, FederatedScope ``personalization.local_param =
-['bn', 'norms']``): every client keeps its own BatchNorm layers, their scale and bias and their
-running statistics; the server aggregates everything else. ``local_layers(algorithm, local)``
+['bn', 'norms']``): every client keeps its own normalization layers (BatchNorm's scale, bias and
+running statistics; FederatedScope's name rule also keeps LayerNorms local, e.g. BERT's on SST2);
+the server aggregates everything else. ``local_layers(algorithm, local)``
 does this for ANY algorithm and any static mask ``local`` (True: the leaf stays local). Client i
 keeps its own values v_i of the local leaves (initially those of w^0) and combines them with the
 broadcast model: the wrapped algorithm runs as if the server had sent
@@ -69,18 +70,23 @@ def local_layers(algorithm: Algorithm, local: Params, name: str | None = None) -
             lambda ctx: algorithm.cohort_start(inner(ctx))))
 
 
-def normalization_layers(state_mask: Params) -> Params:
-    """True on every leaf of a module that holds model state (a BatchNorm layer's scale, bias and
-    running statistics), from a model's ``state_mask``."""
-    if state_mask is None:
-        raise FljaxError("FedBN needs a model with BatchNorm state (e.g. 'convnet2'); this model "
-                         "has none")
-    flat = flatten_dict(state_mask)
-    stateful = {path[:-1] for path, is_state in flat.items() if is_state}
-    return unflatten_dict({path: path[:-1] in stateful for path in flat})
+NORMALIZATION_NAMES = ("bn", "norm")   # FederatedScope's FedBN: local_param = ['bn', 'norms']
 
 
-def fedbn(algorithm: Algorithm, state_mask: Params) -> Algorithm:
-    """FedBN: ``algorithm`` with every BatchNorm layer local (``model.state_mask`` says where)."""
-    return local_layers(algorithm, normalization_layers(state_mask),
-                        name=f"{algorithm.name}+fedbn")
+def normalization_layers(params: Params) -> Params:
+    """True on every leaf of a normalization layer: a module whose name contains 'bn' or 'norm'
+    (FederatedScope's substring rule; BatchNorm's scale, bias and running statistics, and
+    LayerNorm's scale and bias, e.g. the transformer's)."""
+    flat = flatten_dict(params)
+    local = {path: any(word in str(key).lower() for key in path[:-1]
+                       for word in NORMALIZATION_NAMES) for path in flat}
+    if not any(local.values()):
+        raise FljaxError(f"FedBN needs normalization layers (a module named with 'bn' or "
+                         f"'norm'); this model has none: {sorted({p[0] for p in flat})}")
+    return unflatten_dict(local)
+
+
+def fedbn(algorithm: Algorithm, params: Params) -> Algorithm:
+    """FedBN: ``algorithm`` with every normalization layer of the model local (``params``: the
+    model's parameters or their shapes, ``jax.eval_shape(model.init, key)``)."""
+    return local_layers(algorithm, normalization_layers(params), name=f"{algorithm.name}+fedbn")
