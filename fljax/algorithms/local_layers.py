@@ -12,11 +12,11 @@ broadcast model: the wrapped algorithm runs as if the server had sent
     w_i^t = w^t on the shared leaves, v_i on the local leaves          (its ``ctx.params``)
 
 so its start, corrections and proximal centre are the client's own model; after local training
-v_i <- y_i,K on the local leaves. Message, server update and the wrapped client state are the
-wrapped algorithm's. The server's values on the local leaves therefore move by the wrapped rule
-applied to the clients' changes of their own values (FedAvg: w <- w + sum_S p_i (y_i,K - w_i^t));
-no client trains from them. FedBN's paper scores each client with its own model (personalized
-evaluation). Memory: one copy of the local leaves per client (N x the BN parameters and
+v_i <- y_i,K on the local leaves, and the wrapped algorithm's ``client_end`` is shown y_i,K with
+w_i^t on the local leaves: the local leaves never leave the client, and the server sees no change
+there, so its values stay those of w^0 (FederatedScope's FedBN never aggregates them). The
+global model is thus the shared layers with the initial normalization; FedBN's paper scores each
+client with its own model (personalized evaluation). Memory: one copy of the local leaves per client (N x the BN parameters and
 statistics).
 """
 
@@ -55,7 +55,9 @@ def local_layers(algorithm: Algorithm, local: Params, name: str | None = None) -
         return algorithm.client_init(params), _own(local, params)
 
     def client_end(ctx, start, end):
-        state, message = algorithm.client_end(inner(ctx), start, end)
+        ctx = inner(ctx)
+        shown = _with_own(local, end, _own(local, ctx.params))     # no change on local leaves
+        state, message = algorithm.client_end(ctx, start, shown)
         return (state, _own(local, end)), message
 
     return algorithm._replace(
