@@ -16,10 +16,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-ALGORITHM_NAMES = ["fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm", "feddecay", "feddecorr",
-                   "feddyn", "fedexp", "fedga", "fedinit", "fednova", "fedntd", "fedprox",
-                   "fedsam", "fedsgd", "fedyogi", "fomaml", "gradalign", "lbsgd", "moon",
-                   "reptile", "scaffold"]
+ALGORITHM_NAMES = ["ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm", "feddecay",
+                   "feddecorr", "feddyn", "fedem", "fedexp", "fedga", "fedinit", "fednova",
+                   "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fomaml", "gradalign",
+                   "lbsgd", "moon", "pfedme", "reptile", "scaffold"]
 WRAPPER_NAMES = ["fedbn", "gradual_unfreezing", "local_decay", "local_layers", "relaxed_init",
                  "switch"]
 
@@ -34,7 +34,7 @@ _HOMES = {
     "fljax.errors": ["FljaxError"],
     "fljax.evaluate": ["make_evaluator"],
     "fljax.experiment": ["Experiment", "build"],
-    "fljax.models": ["Model", "from_module", "make_model"],
+    "fljax.models": ["Model", "from_module", "make_model", "mixture"],
     "fljax.train": ["results_table", "run"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}

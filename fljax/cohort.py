@@ -37,6 +37,13 @@ def client_keys(client_key: jax.Array, client_id: jax.Array) -> jax.Array:
     return jax.random.split(jax.random.fold_in(client_key, client_id), 3)
 
 
+def stream_keys(batch_key: jax.Array, step_key: jax.Array, stream: int):
+    """(batch, step) keys of a client's extra local loop number ``stream`` >= 1 in a round
+    (``ClientContext.train``): independent of the round's own draw (stream 0, the keys
+    themselves)."""
+    return jax.random.fold_in(batch_key, stream), jax.random.fold_in(step_key, stream)
+
+
 def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
     """A uniformly random set of ``cohort_size`` distinct client ids, ascending."""
     return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))

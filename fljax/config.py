@@ -18,7 +18,8 @@ from fljax.models import CONV_IMPLS, MODEL_NAMES
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
               "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr",
-              "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile")
+              "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile", "ditto",
+              "pfedme", "fedem")
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI).
 WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn")

@@ -25,7 +25,7 @@ from fljax.algorithms.base import Algorithm, Params
 from fljax.clients import (LocalWork, client_context, full_gradient, joined_only, local_training,
                            map_sum, model_loss)
 from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client_keys,
-                          cohort_weights, draw_cohort, round_key, sample_cohort)
+                          cohort_weights, draw_cohort, round_key, sample_cohort, stream_keys)
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model
@@ -33,7 +33,7 @@ from fljax.probes.base import ClientView, EvalView, Population, Probe, RoundView
 
 __all__ = ["AGGREGATIONS", "PARTICIPATIONS", "RoundFunction", "RoundState", "bernoulli_cohort",
            "client_keys", "cohort_weights", "init_state", "local_training", "make_round",
-           "round_key", "sample_cohort"]
+           "round_key", "sample_cohort", "stream_keys"]
 
 
 class RoundState(NamedTuple):
@@ -237,11 +237,19 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
                              server_state, round_index, cohort_size, cohort_message, own_message)
         num_steps = ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
+
+        def train(loss, tx, start, stream=0):   # stream 0: the round's own batches
+            keys = (batch_key, step_key) if stream == 0 else stream_keys(
+                batch_key, step_key, stream)
+            return local_training(
+                loss, tx, start, data, client_id, *keys, num_steps=num_steps,
+                max_steps=work.max_steps, batch=work.batch, max_count=work.max_count,
+                augment=augment, model=model)
+
+        ctx = ctx._replace(train=lambda tx, start, stream, loss=None: train(
+            loss_fn if loss is None else loss, tx, start, stream)[0])
         start = algorithm.client_start(ctx, start_key)
-        end, losses = local_training(
-            algorithm.client_loss(ctx, loss_fn), algorithm.client_tx(ctx), start, data,
-            client_id, batch_key, step_key, num_steps=num_steps, max_steps=work.max_steps,
-            batch=work.batch, max_count=work.max_count, augment=augment, model=model)
+        end, losses = train(algorithm.client_loss(ctx, loss_fn), algorithm.client_tx(ctx), start)
         new_state, message = algorithm.client_end(ctx, start, end)
         metrics = {"loss": losses.sum() / jnp.maximum(num_steps, 1), "steps": num_steps,
                    **algorithm.client_metrics(ctx, start, end)}

@@ -25,6 +25,7 @@ from fljax.evaluate import make_evaluator
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
+from fljax.models.mixture import mixture
 from fljax.models.text import load_bert_checkpoint
 from fljax.personalize import make_user_evaluator
 from fljax.probes import Probe
@@ -312,6 +313,10 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                        dataset.num_classes, conv_impl=config.conv_impl)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model)
+    if "fedem" in (config.algorithm, config.switch_to):
+        model = mixture(model, json_object("algorithm_args", config.algorithm_args).get(
+            "num_components", inspect.signature(algorithms.fedem).parameters[
+                "num_components"].default))
     algorithm = algorithm or build_algorithm(config, model, data)
     full_batch = config.algorithm in FULL_BATCH
     round_fn = make_round(
@@ -325,14 +330,6 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         probes=build_probes(config, dataset, model, data))
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
     evaluate_validation = None if validation is None else make_evaluator(model, *validation)
-    evaluate_users = None
-    if users is not None:
-        finetune = algorithms.local_sgd(config.finetune_lr, momentum=config.momentum,
-                                        weight_decay=config.weight_decay,
-                                        clip_norm=config.clip_norm).chain(0)
-        evaluate_users = make_user_evaluator(
-            model, data, users, finetune=finetune, steps=config.finetune_steps,
-            batch_size=None if config.batch_size == 0 else config.batch_size)
 
     def initial_params():
         params = model.init(jax.random.PRNGKey(config.seed))
@@ -345,6 +342,19 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             raise FljaxError(f"--pretrained loads BERT weights into model bert_tiny; model "
                              f"{config.model!r} takes none")
         jax.eval_shape(initial_params)       # a missing or wrong checkpoint fails here, at once
+
+    evaluate_users = None
+    if users is not None:
+        finetune = algorithms.local_sgd(config.finetune_lr, momentum=config.momentum,
+                                        weight_decay=config.weight_decay,
+                                        clip_norm=config.clip_norm).chain(0)
+        fresh = None
+        if algorithm.personal_model is not None:   # a client that never trained
+            fresh = algorithm.client_init(initial_params())
+        evaluate_users = make_user_evaluator(
+            model, data, users, finetune=finetune, steps=config.finetune_steps,
+            batch_size=None if config.batch_size == 0 else config.batch_size,
+            personal_model=algorithm.personal_model, fresh_state=fresh)
 
     def initial_state() -> RoundState:
         return round_fn.init_state(initial_params(), config.seed)

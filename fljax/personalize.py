@@ -14,12 +14,15 @@ the paper's: Acc = the mean over users (unweighted), the bottom ten percentile
 ``np.percentile(acc, 10)`` and sigma = the standard deviation over users (``np.std``), plus the
 example-weighted mean. pFL-Bench's FEMNIST setting: S = 5, eta_ft = 0.01, clip 5, batch 32.
 All users are fine-tuned in one compiled program (a ``lax.map`` over users); only the fine-tuned
-models' correct counts and losses leave it.
+models' correct counts and losses leave it. Algorithms with personal models (Ditto, pFedMe,
+FedEM, FedBN) start each user's fine-tuning from its own model instead of w (see
+``make_user_evaluator``); their per-client state (N x params for Ditto and pFedMe) stays on the
+device, gathered one user at a time inside the program.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,12 +45,21 @@ def finetune_key(root_key: jax.Array, round_index: int) -> jax.Array:
 
 def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
                         finetune: optax.GradientTransformation, steps: int,
-                        batch_size: int | None, eval_batch: int = 256
-                        ) -> Callable[[Params, jax.Array], dict[str, float]]:
-    """``evaluate(params, key) -> {'existing_test_acc', 'existing_test_acc_p10', ...}``.
+                        batch_size: int | None, eval_batch: int = 256,
+                        personal_model: Callable | None = None, fresh_state: Any = None
+                        ) -> Callable[..., dict[str, float]]:
+    """``evaluate(params, key, server_state=None, client_states=None) -> {'existing_test_acc',
+    'existing_test_acc_p10', ...}``.
 
     ``data`` holds the examples (its own client layout is ignored); ``users`` says whose they
     are. ``batch_size=None`` fine-tunes on a user's whole training split at once.
+
+    Personal models (``Algorithm.personal_model(params, server_state, client_state)``): existing
+    user ``users.existing[j]`` starts from the personal model of client row j of
+    ``client_states`` (the round state's, stacked over the existing users), a new user from that
+    of ``fresh_state`` (the state a client holds before it ever trains: ``client_init`` of the
+    initial model); then the S fine-tuning steps as above. Without ``personal_model`` every user
+    starts from ``params``.
     """
     train = with_parts(data, users.train)
     splits = {"test": with_parts(data, users.test)}
@@ -88,17 +100,42 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
         totals, _ = jax.lax.scan(body, (zero, zero, zero), jnp.arange(chunks))
         return totals
 
+    num_users = len(users.train)
+    rows = np.full(num_users, len(users.existing), np.int32)   # new users: the fresh row
+    rows[users.existing] = np.arange(len(users.existing))
+
+    def start_of(params, personal, user):
+        """The model user ``user`` fine-tunes: its personal model, or the global one."""
+        if personal is None:
+            return params
+        server_state, states = personal
+        own = jax.tree.map(lambda a: a[jnp.asarray(rows)[user]], states)
+        return personal_model(params, server_state, own)
+
     @jax.jit
-    def per_user(params, key, train, splits):   # the data are arguments, not baked-in constants
+    def per_user(params, key, train, splits, personal):   # data are arguments, not constants
+        if personal is not None:
+            server_state, states = personal
+            states = jax.tree.map(lambda a, f: jnp.concatenate([a, f[None]]), states,
+                                  fresh_state)
+            personal = (server_state, states)
+
         def one(user):
-            local = fine_tuned(params, key, train, user) if steps else params
+            start = start_of(params, personal, user)
+            local = fine_tuned(start, key, train, user) if steps else start
             return {name: scored(local, split, largest[name], user)
                     for name, split in splits.items()}
 
-        return jax.lax.map(one, jnp.arange(len(users.train)))
+        return jax.lax.map(one, jnp.arange(num_users))
 
-    def evaluate(params: Params, key: jax.Array) -> dict[str, float]:
-        results = jax.device_get(per_user(params, key, train, splits))
+    def evaluate(params: Params, key: jax.Array, server_state: Any = None,
+                 client_states: Any = None) -> dict[str, float]:
+        personal = None
+        if personal_model is not None:
+            if client_states is None:
+                raise ValueError("this evaluator scores personal models: give client_states")
+            personal = (server_state, client_states)
+        results = jax.device_get(per_user(params, key, train, splits, personal))
         scores = {}
         for split_name, (correct, loss, scored) in results.items():
             count = np.asarray(scored, np.float64)

@@ -215,7 +215,8 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
     """Scores of the algorithm's evaluation models: 'accuracy', 'loss' for the first (the global
     model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h); with a
     validation split, the global model's 'val_accuracy', 'val_loss'; with personalized evaluation
-    on, its per-user scores ('existing_test_acc', ...); the probes' evaluation scores."""
+    on, the per-user scores ('existing_test_acc', ...) of the global model, or of each user's own
+    model for an algorithm with personal models; the probes' evaluation scores."""
     models = experiment.algorithm.eval_models(state.params, state.server_state)
     scores = {}
     for i, (name, params) in enumerate(models.items()):
@@ -226,7 +227,11 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
                        experiment.evaluate_validation(next(iter(models.values()))).items()})
     if experiment.evaluate_users is not None:
         key = finetune_key(state.key, int(state.round))
-        scores.update(experiment.evaluate_users(next(iter(models.values())), key))
+        if experiment.algorithm.personal_model is None:
+            scores.update(experiment.evaluate_users(next(iter(models.values())), key))
+        else:       # each user's own model (fljax.personalize)
+            scores.update(experiment.evaluate_users(state.params, key, state.server_state,
+                                                    state.client_states))
     scores.update(experiment.round_fn.probe_scores(state, experiment.evaluate,
                                                    experiment.config.out_dir))
     return scores

@@ -4,12 +4,14 @@ from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, Lo
                                    as_client_optimizer,
                                    identity_loss, identity_start, local_sgd, no_client_state,
                                    tree_scale, tree_sub)
+from fljax.algorithms.ditto import ditto
 from fljax.algorithms.fedavg import fedavg, fedsgd
 from fljax.algorithms.fedbug import gradual_unfreezing
 from fljax.algorithms.fedcm import fedcm
 from fljax.algorithms.feddecorr import feddecorr
 from fljax.algorithms.feddecay import feddecay, local_decay
 from fljax.algorithms.feddyn import feddyn
+from fljax.algorithms.fedem import fedem
 from fljax.algorithms.fedexp import fedexp
 from fljax.algorithms.fedga import fedga, gradalign, lbsgd
 from fljax.algorithms.fedinit import fedinit, relaxed_init
@@ -20,15 +22,16 @@ from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.fedsam import fedsam
 from fljax.algorithms.meta import fomaml, reptile
 from fljax.algorithms.moon import moon
+from fljax.algorithms.pfedme import pfedme
 from fljax.algorithms.scaffold import scaffold
 from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, fedadam,
                                                 fedadam_server, fedavgm, fedyogi, fedyogi_server)
 from fljax.algorithms.switch import switch
 
 __all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
-           "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg", "fedavgm",
-           "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedexp", "fedga", "fedinit", "fednova",
+           "ditto", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg", "fedavgm",
+           "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedem", "fedexp", "fedga", "fedinit", "fednova",
            "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",
            "gradalign", "gradual_unfreezing", "identity_loss", "identity_start", "lbsgd",
-           "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "relaxed_init", "reptile",
+           "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "pfedme", "relaxed_init", "reptile",
            "scaffold", "switch", "tree_scale", "tree_sub"]

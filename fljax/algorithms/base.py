@@ -62,6 +62,11 @@ class ClientContext(NamedTuple):
                                                # examples (traced only if an algorithm calls it)
     cohort_message: Any = ()  # sum over the cohort of cohort_start's messages (if it has one)
     own_message: Any = ()     # this client's own cohort_start message (kept, not sent again)
+    train: Callable[..., Params] | None = None
+    # train(tx, start, stream, loss=None) -> the client's model after its num_steps steps of
+    #   ``tx`` from ``start`` on ``loss`` (default: the model's loss): the round's local loop run
+    #   again, on batches of an independent draw numbered ``stream`` >= 1 (Ditto's personal
+    #   model); set by the engine
 
 
 class Algorithm(NamedTuple):
@@ -87,6 +92,9 @@ class Algorithm(NamedTuple):
     ``cohort_start`` (a first exchange, FedGA), ``eval_models`` (what evaluation scores),
     ``exchanges`` and ``payload`` (communication accounting), ``client_vectors`` (per-client
     vectors for probes), ``observe`` (a look at the whole round after the server update).
+    ``personal_model(params, server_state, client_state) -> params``: a client's own model, for
+    algorithms with personal models (Ditto, pFedMe, FedEM's mixture weights, FedBN's local
+    layers); the personalized evaluation scores each user with it (None: the global model).
     ``ClientContext`` lists what a client knows.
 
     FedAvg with the server's update clipped to norm 1::
@@ -127,6 +135,8 @@ class Algorithm(NamedTuple):
     observe: Callable[[Any], tuple[Any, dict[str, jax.Array]]] | None = None
     # observe(view) -> (server state, metrics), after the server update: sees the whole round
     #   and population (a fljax.probes.RoundView); the adaptive switch decides here
+    personal_model: Callable[[Params, Any, Any], Params] | None = None
+    # personal_model(w, server state, s_i) -> client i's own model (None: everyone uses w)
 
 
 class LocalSGD(NamedTuple):

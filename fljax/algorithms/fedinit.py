@@ -138,7 +138,10 @@ def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") ->
                               client_start=client_start, client_tx=client_tx,
                               client_loss=client_loss, client_end=client_end,
                               cohort_start=cohort_start, client_metrics=client_metrics,
-                              client_vectors=lambda ctx: algorithm.client_vectors(view(ctx)))
+                              client_vectors=lambda ctx: algorithm.client_vectors(view(ctx)),
+                              personal_model=None if algorithm.personal_model is None else (
+                                  lambda params, server_state, state: algorithm.personal_model(
+                                      params, server_state, state.inner)))
 
 
 def fedinit(local: LocalSGD | optax.GradientTransformation, beta: float = 0.1,

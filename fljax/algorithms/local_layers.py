@@ -16,7 +16,8 @@ v_i <- y_i,K on the local leaves, and the wrapped algorithm's ``client_end`` is 
 w_i^t on the local leaves: the local leaves never leave the client, and the server sees no change
 there, so its values stay those of w^0 (FederatedScope's FedBN never aggregates them). The
 global model is thus the shared layers with the initial normalization; FedBN's paper scores each
-client with its own model (personalized evaluation). Memory: one copy of the local leaves per client (N x the BN parameters and
+client with its own model: ``personal_model`` is the wrapped algorithm's (or the global model)
+with the client's local leaves, what the personalized evaluation scores. Memory: one copy of the local leaves per client (N x the BN parameters and
 statistics).
 """
 
@@ -60,8 +61,15 @@ def local_layers(algorithm: Algorithm, local: Params, name: str | None = None) -
         state, message = algorithm.client_end(ctx, start, shown)
         return (state, _own(local, end)), message
 
+    def personal_model(params, server_state, client_state):
+        state, own = client_state
+        inner_model = (params if algorithm.personal_model is None else
+                       algorithm.personal_model(params, server_state, state))
+        return _with_own(local, inner_model, own)
+
     return algorithm._replace(
         name=name or f"{algorithm.name}+local_layers", client_init=client_init,
+        personal_model=personal_model,
         client_start=lambda ctx, key: algorithm.client_start(inner(ctx), key),
         client_end=client_end,
         client_tx=lambda ctx: algorithm.client_tx(inner(ctx)),

@@ -1,6 +1,7 @@
 """Models: pure apply functions, penultimate features and ordered module groups."""
 
 from fljax.models.layers import CONV_IMPLS, default_conv_impl, im2col_conv, max_pool
+from fljax.models.mixture import mixture
 from fljax.models.model import Model, cross_entropy, from_module, num_params
 from fljax.models.resnet import BasicBlock, ResNet, cifar_resnet, torchvision_resnet
 from fljax.models.unfreeze import UNFREEZE_UNITS, unfreeze_units
@@ -9,5 +10,5 @@ from fljax.models.zoo import MODEL_NAMES, ConvNet, ConvNet1D, MLP, make_model
 
 __all__ = ["BasicBlock", "CONV_IMPLS", "ConvNet", "ConvNet1D", "MLP", "MODEL_NAMES", "Model",
            "ResNet", "UNFREEZE_UNITS", "VGG", "cifar_resnet", "cross_entropy", "default_conv_impl",
-           "from_module", "im2col_conv", "make_model", "max_pool", "num_params",
+           "from_module", "im2col_conv", "make_model", "max_pool", "mixture", "num_params",
            "torchvision_resnet", "unfreeze_units"]

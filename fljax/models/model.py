@@ -44,6 +44,7 @@ class Model(NamedTuple):
     num_classes: int
     state_mask: Params | None = None
     update_state: Callable[..., Params] | None = None
+    component: "Model | None" = None   # a mixture's component model (fljax.models.mixture)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
