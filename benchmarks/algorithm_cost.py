@@ -1,12 +1,15 @@
-"""Per-round wall time of every algorithm relative to FedAvg, on round_speed's setup (a).
+"""Per-round wall time, FLOPs and bytes of every algorithm relative to FedAvg, on round_speed's (a).
 
     python benchmarks/algorithm_cost.py [--quick] [--out BENCHMARKS.md]
 
 Setup (a) of round_speed.py: make_model('small_cnn', (28, 28, 1), 10), 10 clients x 1600 synthetic
 examples, all 10 per round, 50 local steps at batch 32, local SGD lr 0.05, the backend's default
 client strategy and conv. Each algorithm is built as the CLI builds it (``build_algorithm`` with
-default hyperparameters); MOON's model carries its projection head, as in the CLI. All rows are
-timed round-robin in one run (``timing.round_robin``) and reported as a ratio to FedAvg.
+default hyperparameters); MOON's model carries its projection head and FedEM's is a mixture of 3,
+as in the CLI. All rows are timed round-robin in one run (``timing.round_robin``) and reported as
+a ratio to FedAvg, with the FLOPs of the compiled round (``RoundFunction.flops``, loop bodies times
+their trip counts) and the bytes a round sends (``Algorithm.payload`` x the model's bytes x the
+cohort), each as a ratio to FedAvg's (feddecay.txt Figure 1's two costs).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import jax
 import fljax
 from fljax.config import ALGORITHMS, FULL_BATCH, ExperimentConfig
 from fljax.experiment import build_algorithm
+from fljax.accounting import param_bytes, round_bytes
 from fljax.models.heads import with_projection_head
+from fljax.models.mixture import mixture
 from round_speed import LEARNING_RATE, cost_benchmark, runner
 from timing import DISTURBED, machine, round_robin, write_section
 
@@ -31,11 +36,15 @@ EXTRA_WORK = {
     "fedntd": "an extra forward pass of the global model per step",
     "scaffold": "option II (default) needs none; option I would add a full-gradient pass",
 }
-INHERENT = ("fedsam", "moon", "fedntd", "fedga", "gradalign")
+INHERENT = ("fedsam", "moon", "fedntd", "fedga", "gradalign", "ditto", "pfedme", "fedem")
 EXTRA_WORK.update({
     "fedga": "a full pass over each client's data for its full gradient (here 50 batches, "
              "as many as its 50 local steps)",
     "gradalign": "as FedGA (GradAlign's own setting is one local step)",
+    "ditto": "a second local loop per client: its personal model (as many steps)",
+    "pfedme": "K = 5 inner gradient steps per local step, and the personal model's loop",
+    "fedem": "M = 3 components: 3 forward and backward passes per step, 3 more forward passes "
+             "for the E-step's responsibilities, and a full E-step pass over the data",
 })
 SWITCH = "feddyn->fedavg"
 # Rows beyond the plain algorithms: name -> config values.
@@ -48,11 +57,14 @@ EXTRA_ROWS = {
 REQUIRED_ARGS = {"feddecay": {"beta": 0.9}}
 
 
-def candidate(name: str, setup, data) -> callable:
-    """A closure running one round of ``name`` (an algorithm or a row of EXTRA_ROWS)."""
+def candidate(name: str, setup, data) -> tuple[callable, float, int]:
+    """(a closure running one round of ``name`` (an algorithm or a row of EXTRA_ROWS), the FLOPs
+    of its compiled round, the bytes one round sends both ways)."""
     model = setup.build(fljax.models.default_conv_impl())
     if name == "moon":
         model = with_projection_head(model)
+    if name == "fedem":
+        model = mixture(model, 3)
     values = EXTRA_ROWS.get(name, dict(algorithm=name,
                                        algorithm_args=REQUIRED_ARGS.get(name, {})))
     config = ExperimentConfig(lr=LEARNING_RATE).replace(**values)
@@ -60,16 +72,18 @@ def candidate(name: str, setup, data) -> callable:
     round_fn = fljax.make_round(algorithm, model, data, clients_per_round=setup.cohort,
                                 batch_size=setup.batch, local_steps=setup.local_steps)
     state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
-    return runner(round_fn, state)
+    sent = sum(round_bytes(algorithm.payload(0), setup.cohort, param_bytes(state.params)))
+    return runner(round_fn, state), round_fn.flops(state), sent
 
 
-def report(names, timings, rounds: int) -> str:
+def report(names, timings, rounds: int, flops: list[float], sent: list[int]) -> str:
     base = timings[names.index("fedavg")].seconds
+    fedavg = names.index("fedavg")
     lines = [f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. Median of {rounds} "
              "timed rounds per row after one warm-up round, rows timed round-robin in one run.",
-             "", "| algorithm | s/round | ratio to FedAvg | within 1.2x | note |",
-             "|---|---|---|---|---|"]
-    for name, t in zip(names, timings):
+             "", "| algorithm | s/round | ratio to FedAvg | within 1.2x | FLOPs / FedAvg | "
+             "bytes / FedAvg | note |", "|---|---|---|---|---|---|---|"]
+    for name, t, f, b in zip(names, timings, flops, sent):
         ratio = t.seconds / base
         ok = "yes" if ratio <= TARGET else ("no (inherent)" if name in INHERENT else "**no**")
         note = EXTRA_WORK.get(name, "")
@@ -79,7 +93,8 @@ def report(names, timings, rounds: int) -> str:
             note = "a wrapper over the algorithm before the +"
         if t.disturbed:
             note += f" ({t.disturbed} disturbed rounds dropped)"
-        lines.append(f"| {name} | {t.seconds:.3f} | {ratio:.2f}x | {ok} | {note} |")
+        lines.append(f"| {name} | {t.seconds:.3f} | {ratio:.2f}x | {ok} | "
+                     f"{f / flops[fedavg]:.2f}x | {b / sent[fedavg]:.2f}x | {note} |")
     if not any(t.disturbed for t in timings):
         lines += ["", f"No timed round was disturbed (other processes took <= {DISTURBED} of a "
                   "core during every timed round)."]
@@ -90,12 +105,15 @@ def main() -> None:
     args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "algorithm")
     # FedSGD and large-batch SGD take one full-batch step: not the same local work.
     names = [n for n in ALGORITHMS if n not in FULL_BATCH] + list(EXTRA_ROWS)
-    runs = []
+    runs, flops, sent = [], [], []
     for name in names:
         print("building", name, flush=True)
-        runs.append(candidate(name, setup, data))
+        run, round_flops, round_sent = candidate(name, setup, data)
+        runs.append(run)
+        flops.append(round_flops)
+        sent.append(round_sent)
     timings = round_robin(runs, [rounds] * len(runs))
-    body = report(names, timings, rounds)
+    body = report(names, timings, rounds, flops, sent)
     print("\n" + body)
     backend = "GPU" if jax.default_backend() == "gpu" else "CPU"
     write_section(args.out, f"Algorithm cost, {backend} (`benchmarks/algorithm_cost.py`)",

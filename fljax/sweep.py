@@ -23,8 +23,16 @@ A sweep file::
      "selection": "val_accuracy",                    optional: the evaluation key a grid is
                                                      selected on (maximized; default
                                                      val_accuracy: the validation split)
-     "compare": [["FedGA", "FedAvg"], ...]}          optional: paired differences to report
+     "compare": [["FedGA", "FedAvg"], ...],          optional: paired differences to report
                                                      (of each tabulated metric)
+     "best_round": "existing_val_acc",               optional: report each run at its
+                                                     evaluation with the best value of this
+                                                     key (FederatedScope's best round on the
+                                                     validation split) instead of its last
+     "cost_relative_to": "FedAvg"}                   optional: lines of each column's bytes
+                                                     and FLOPs over the whole run as a
+                                                     multiple of this column's (feddecay.txt
+                                                     Figure 1)
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
 ``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
@@ -62,7 +70,7 @@ from fljax.errors import FljaxError
 from fljax.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
-              "metrics", "selection", "compare"}
+              "metrics", "selection", "compare", "best_round", "cost_relative_to"}
 JSON_FIELDS = ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args",
                "probe_args", "switch_when")
 
@@ -113,7 +121,24 @@ def load_sweep(path: str) -> dict[str, Any]:
                                             and set(p) <= set(sweep["columns"]) for p in pairs)):
         raise FljaxError(f"sweep 'compare' must be a list of [column, column] pairs of "
                          f"{sorted(sweep['columns'])}, got {pairs!r}")
+    relative = sweep.get("cost_relative_to")
+    if relative is not None and relative not in sweep["columns"]:
+        raise FljaxError(f"sweep 'cost_relative_to' must name a column of "
+                         f"{sorted(sweep['columns'])}, got {relative!r}")
+    if not isinstance(sweep.get("best_round", ""), str):
+        raise FljaxError(f"sweep 'best_round' must be an evaluation key, got "
+                         f"{sweep['best_round']!r}")
     return sweep
+
+
+def at_best_round(evaluations: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The evaluations up to the one with the largest ``key`` (the first such; all of them if no
+    evaluation logs it, or the run diverged): its last record is the run's best round."""
+    scored = [i for i, e in enumerate(evaluations) if key in e]
+    if not scored or evaluations[-1].get("diverged"):
+        return evaluations
+    best = max(scored, key=lambda i: (evaluations[i][key], -i))
+    return evaluations[:best + 1]
 
 
 def grid_points(grid: dict[str, list]) -> list[tuple]:
@@ -149,9 +174,14 @@ def setting_slug(setting: tuple) -> str:
 
 
 def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
-          seeds: list[int] | None = None, **changes) -> list[Cell]:
+          seeds: list[int] | None = None, rows: list[str] | None = None,
+          **changes) -> list[Cell]:
     """Every run of the sweep at ``scale`` (a key of its 'scales', or None for the base values),
-    with ``changes`` (config values) applied last."""
+    of its ``rows`` (default all), with ``changes`` (config values) applied last."""
+    unknown = sorted(set(rows or ()) - set(sweep["rows"]))
+    if unknown:
+        raise FljaxError(f"rows {unknown} are not rows of the sweep; its rows are "
+                         f"{list(sweep['rows'])}")
     scales = sweep.get("scales", {})
     if scale is not None and scale not in scales:
         raise FljaxError(f"scale must be one of {sorted(scales)}, got {scale!r}")
@@ -162,6 +192,8 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
         raise FljaxError(f"scale {scale!r} overrides unknown rows or columns {unknown}")
     result = []
     for row, row_values in sweep["rows"].items():
+        if rows and row not in rows:
+            continue
         for column, column_values in sweep["columns"].items():
             layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
                       overrides.get(row, {}), column_values, overrides.get(column, {})]
@@ -262,15 +294,19 @@ def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
 
 
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
-    """Markdown: final test accuracy (%) of each cell (a line per row and metric, if the sweep
-    names ``metrics``) as mean +- std over seeds, the best of a line in bold; for a grid, the
-    point selected on the validation split (a line per row) and its test scores; if the sweep sets
+    """Markdown: final (with ``best_round``: best-round) test accuracy (%) of each cell (a line
+    per row and metric, if the sweep names ``metrics``) as mean +- std over seeds, the best of a
+    line in bold; for a grid, the point selected on the validation split (a line per row) and its test scores; if the sweep sets
     a target accuracy, lines of rounds, MB, GFLOPs and seconds to reach it (mean over seeds; x
     where some seed never reached it); and the paired differences the sweep's ``compare`` asks
     for."""
     columns = list(sweep["columns"])
     target = sweep.get("scales", {}).get(scale, {}).get("target_accuracy",
                                                         sweep.get("target_accuracy"))
+    whole_runs = results
+    if "best_round" in sweep:
+        results = {cell: at_best_round(evals, sweep["best_round"])
+                   for cell, evals in results.items()}
     lines = ["| setting | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     chosen = {(row, column): selected(sweep, results, row, column)
               for row in sweep["rows"] for column in columns}
@@ -296,6 +332,8 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                 cells_text[best] = f"**{cells_text[best]}**"
             name = f"{row}: {label}" if label else row
             lines.append(f"| {name} | " + " | ".join(cells_text) + " |")
+        if "cost_relative_to" in sweep:
+            lines += relative_costs(sweep, whole_runs, row, chosen)
         if target is not None:
             reach = [[to_target(evals, target) for evals in r] for r in runs]
             for label, key, factor in TARGET_COSTS:
@@ -321,6 +359,27 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                 paired_difference(values(row, a), values(row, b)) for row in sweep["rows"])
                 + " |")
     return "\n".join(lines)
+
+
+def relative_costs(sweep: dict[str, Any], whole_runs: dict[Cell, list], row: str,
+                   chosen: dict) -> list[str]:
+    """Table lines: each column's total bytes and FLOPs over its whole runs (of the selected grid
+    point; mean over seeds) as a multiple of column ``cost_relative_to``'s."""
+    def total(column, key):
+        setting = chosen[row, column][0]
+        values = [e[-1][key] for cell, e in whole_runs.items()
+                  if (cell.row, cell.column, cell.setting) == (row, column, setting)
+                  and key in e[-1]]
+        return statistics.mean(values) if values else None
+
+    reference = sweep["cost_relative_to"]
+    lines = []
+    for label, key in (("bytes", "bytes"), ("FLOPs", "total_flops")):
+        base = total(reference, key)
+        ratios = [total(column, key) for column in sweep["columns"]]
+        lines.append(f"| {row}: {label} / {reference} | " + " | ".join(
+            "-" if r is None or not base else f"{r / base:.2f}x" for r in ratios) + " |")
+    return lines
 
 
 def first_logged(record: dict[str, Any], keys: list[str]) -> str:

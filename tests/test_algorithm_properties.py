@@ -14,6 +14,7 @@ from fljax.engine import make_round
 from fljax.experiment import algorithm_factories, build_algorithm
 from fljax.models import MLP, from_module
 from fljax.models.heads import with_projection_head
+from fljax.models.mixture import mixture
 
 
 def test_every_config_name_has_a_factory():
@@ -29,6 +30,8 @@ def build(config):
     model = from_module("tiny", MLP(hidden=(16,), num_classes=5), (4, 4, 1), 5)
     if "moon" in (config.algorithm, config.switch_to):
         model = with_projection_head(model, out_dim=8)
+    if config.algorithm == "fedem":
+        model = mixture(model, 3)
     alg = build_algorithm(config, model)
     round_fn = make_round(alg, model, data, clients_per_round=3, batch_size=8,
                           local_epochs=1, aggregation=config.aggregation,
@@ -60,6 +63,8 @@ CONFIGS = [ExperimentConfig(algorithm=name, lr=0.05).replace(
     ExperimentConfig(algorithm="feddyn", switch_to="feddyn", switch_at=2, lr=0.05,
                      switch_args=json.dumps({"server_correction": False}),
                      switch_carry_state=True),
+    ExperimentConfig(algorithm="ditto", lr=0.05, wrappers=json.dumps(
+        {"local_decay": {"beta": 0.8}, "relaxed_init": {"beta": 0.1}})),
     ExperimentConfig(algorithm="scaffold", algorithm_args=json.dumps({"option": "GA"}), lr=0.05,
                      wrappers=json.dumps({"local_decay": {"beta": 0.8, "shrink": True}}))]
 
@@ -81,4 +86,8 @@ def test_finite_stable_deterministic_and_compiled_once(config):
         np.testing.assert_array_equal(a, b)
     models = alg.eval_models(state.params, state.server_state)
     assert next(iter(models)) in ("global",)
+    if alg.personal_model is not None:   # a client's own model: shaped like the global one
+        own = alg.personal_model(state.params, state.server_state,
+                                 jax.tree.map(lambda a: a[0], state.client_states))
+        assert jax.tree.map(np.shape, own) == jax.tree.map(np.shape, state.params)
     assert int(state.round) == 3

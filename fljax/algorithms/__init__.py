@@ -29,9 +29,11 @@ from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, f
 from fljax.algorithms.switch import switch
 
 __all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
-           "ditto", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg", "fedavgm",
-           "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedem", "fedexp", "fedga", "fedinit", "fednova",
+           "ditto", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
+           "fedavgm", "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedem", "fedexp",
+           "fedga", "fedinit", "fednova",
            "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",
            "gradalign", "gradual_unfreezing", "identity_loss", "identity_start", "lbsgd",
-           "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "pfedme", "relaxed_init", "reptile",
+           "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "pfedme",
+           "relaxed_init", "reptile",
            "scaffold", "switch", "tree_scale", "tree_sub"]

@@ -16,8 +16,8 @@ receives the components w^t = (w_1..w_M) and
 the server averages each component (FedAvg's rule with p_i, n_i-weighted in the paper). The
 E-step's mean comes from the gradient of the mixture's mean cross-entropy with respect to log pi
 (``fljax.models.mixture``: that gradient is pi - (1/n_i) sum_j q_j, the pi from the softmax's
-normalizer sum_m pi_m = 1), one pass over the client's data; the M-step recomputes each batch's q_j from w^t (one extra forward pass of
-each component per step, exactly the E-step's q). Labels per position (sequences) get a q each.
+normalizer sum_m pi_m = 1), one pass over the client's data; the M-step recomputes each batch's
+q_j from w^t (one extra forward pass of each component per step, exactly the E-step's q). Labels per position (sequences) get a q each.
 
 Evaluation: the global model is the mixture with uniform weights; a client's personal model is the
 mixture with its own pi_i (a new user's: uniform, then fine-tuned). Memory: M models on the server

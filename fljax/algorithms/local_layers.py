@@ -17,8 +17,8 @@ w_i^t on the local leaves: the local leaves never leave the client, and the serv
 there, so its values stay those of w^0 (FederatedScope's FedBN never aggregates them). The
 global model is thus the shared layers with the initial normalization; FedBN's paper scores each
 client with its own model: ``personal_model`` is the wrapped algorithm's (or the global model)
-with the client's local leaves, what the personalized evaluation scores. Memory: one copy of the local leaves per client (N x the BN parameters and
-statistics).
+with the client's local leaves, what the personalized evaluation scores. Memory: one copy of
+the local leaves per client (N x the BN parameters and statistics).
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ prox at the client's last local model, by R steps of SGD at eta_p on f_i(theta) 
 trained has none and is scored with the global model (FederatedScope scores every pFedMe user
 with the fine-tuned global model). Memory: one model per client (N x params).
 
-Departure from the official code: its inner solver warm-starts theta from the previous step's
-theta; here each inner solve starts from the current w (the prox at w, as the algorithm states it).
+Departure from the official code: its inner solver continues from the previous local step's theta
+(a warm start); here each inner solve starts from the current w (the prox at w, as Algorithm 1
+states it).
 """
 
 from __future__ import annotations
