@@ -173,6 +173,14 @@ def test_rounds_with_batch_norm_match_float64_reference(local_bn):
         trained = [cid for cid in own if not np.allclose(own[cid]["mean"], 0.0)]
         assert len(trained) >= 2 and not np.allclose(own[trained[0]]["mean"],
                                                       own[trained[1]]["mean"])
+        for cid in own:   # FedBN's personal model: the global one with the client's own BN
+            mine = algorithm.personal_model(state.params, state.server_state, jax.tree.map(
+                lambda a: a[cid], state.client_states))
+            for name, value in own[cid].items():
+                np.testing.assert_allclose(mine["bn1"][name], value, rtol=1e-10, atol=1e-12)
+            for a, b in zip(jax.tree.leaves({k: v for k, v in mine.items() if k != "bn1"}),
+                            jax.tree.leaves({k: v for k, v in got.items() if k != "bn1"})):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_convnet2_trains_and_evaluates_with_running_statistics():

@@ -92,6 +92,35 @@ def test_table_mean_std_bold_best_and_rounds_to_target(tmp_path):
     assert lines[8] == "| Dir: rounds to 50% | x | x |"
 
 
+def test_best_round_reports_each_run_at_its_best_validation_evaluation(tmp_path):
+    """FederatedScope's protocol: a run counts at its evaluation with the best validation score
+    (the first such), not its last; costs relative to a column use the whole runs."""
+    spec = {**SPEC, "best_round": "val_accuracy", "cost_relative_to": "A"}
+    cells = sweep.cells(spec, "small", str(tmp_path), seeds=[0, 1], rows=["IID"])
+    assert {c.row for c in cells} == {"IID"}
+
+    def curve(vals, accs, flops):
+        return [{"round": i + 1, "val_accuracy": v, "accuracy": a, "bytes": 1e6 * (i + 1),
+                 "total_flops": flops * (i + 1), "time_s": 1.0}
+                for i, (v, a) in enumerate(zip(vals, accs))]
+
+    results = {c: curve([0.5, 0.9, 0.9, 0.7], [0.1, 0.6, 0.7, 0.8], 1e9) if c.column == "A"
+               else curve([0.2, 0.3, 0.4, 0.5], [0.2, 0.3, 0.4, 0.5 + 0.1 * c.seed], 3e9)
+               for c in cells}
+    spec = {**spec, "rows": {"IID": spec["rows"]["IID"]}}
+    lines = sweep.table(spec, results, "small").splitlines()
+    assert lines[2] == "| IID | **60.00 ± 0.00** | 55.00 ± 7.07 |"
+    assert lines[3:5] == ["| IID: bytes / A | 1.00x | 1.00x |", "| IID: FLOPs / A | 1.00x | 3.00x |"]
+    assert sweep.at_best_round([{"round": 1, "diverged": True}], "val_accuracy") == [
+        {"round": 1, "diverged": True}]
+    with pytest.raises(FljaxError, match=r"rows \['nope'\] are not rows"):
+        sweep.cells(spec, "small", str(tmp_path), rows=["nope"])
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({**SPEC, "cost_relative_to": "C"}))
+    with pytest.raises(FljaxError, match="'cost_relative_to' must name a column"):
+        sweep.load_sweep(str(path))
+
+
 def test_a_metric_may_name_keys_in_order_of_preference(tmp_path):
     """["gamma/accuracy", "accuracy"]: FedDyn's aggregate where a run logs it (FedBug's code
     reports it for FedDyn), the global model elsewhere."""

@@ -15,8 +15,8 @@ receives the components w^t = (w_1..w_M) and
 
 the server averages each component (FedAvg's rule with p_i, n_i-weighted in the paper). The
 E-step's mean comes from the gradient of the mixture's mean cross-entropy with respect to log pi
-(``fljax.models.mixture``: that gradient is pi - (1/n_i) sum_j q_j, the pi from the softmax's
-normalizer sum_m pi_m = 1), one pass over the client's data; the M-step recomputes each batch's
+(``fljax.models.mixture``: that gradient is pi / sum_m pi_m - (1/n_i) sum_j q_j, the first term
+from the softmax's normalizer), one pass over the client's data; the M-step recomputes each batch's
 q_j from w^t (one extra forward pass of each component per step, exactly the E-step's q). Labels per position (sequences) get a q each.
 
 Evaluation: the global model is the mixture with uniform weights; a client's personal model is the
@@ -61,8 +61,9 @@ def fedem(local: LocalSGD | optax.GradientTransformation, model: Model, *,
     def client_start(ctx: ClientContext, key):
         del key
         old = {**ctx.params, "log_weights": ctx.client_state}
-        # the mixture's cross-entropy normalizes by sum_m pi_m = 1, whose gradient adds pi_m
-        weights = jnp.exp(ctx.client_state) - ctx.full_gradient(old)["log_weights"]
+        # the cross-entropy's softmax normalizes by sum_m pi_m, whose gradient adds softmax(log pi)
+        weights = (jax.nn.softmax(ctx.client_state)
+                   - ctx.full_gradient(old)["log_weights"])
         return {**ctx.params, "log_weights": jnp.log(jnp.maximum(weights, 0.0))}
 
     def client_loss(ctx: ClientContext, loss_fn):
