@@ -101,25 +101,21 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
         return totals
 
     num_users = len(users.train)
-    rows = np.full(num_users, len(users.existing), np.int32)   # new users: the fresh row
+    rows = np.full(num_users, -1, np.int32)             # a new user has no row: -1
     rows[users.existing] = np.arange(len(users.existing))
 
     def start_of(params, personal, user):
         """The model user ``user`` fine-tunes: its personal model, or the global one."""
         if personal is None:
             return params
-        server_state, states = personal
-        own = jax.tree.map(lambda a: a[jnp.asarray(rows)[user]], states)
+        server_state, states, fresh = personal
+        row = jnp.asarray(rows)[user]
+        own = jax.tree.map(lambda a, f: jnp.where(row >= 0, a[jnp.maximum(row, 0)], f),
+                           states, fresh)               # no copy of the N x params states
         return personal_model(params, server_state, own)
 
     @jax.jit
     def per_user(params, key, train, splits, personal):   # data are arguments, not constants
-        if personal is not None:
-            server_state, states = personal
-            states = jax.tree.map(lambda a, f: jnp.concatenate([a, f[None]]), states,
-                                  fresh_state)
-            personal = (server_state, states)
-
         def one(user):
             start = start_of(params, personal, user)
             local = fine_tuned(start, key, train, user) if steps else start
@@ -134,7 +130,7 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
         if personal_model is not None:
             if client_states is None:
                 raise ValueError("this evaluator scores personal models: give client_states")
-            personal = (server_state, client_states)
+            personal = (server_state, client_states, fresh_state)
         results = jax.device_get(per_user(params, key, train, splits, personal))
         scores = {}
         for split_name, (correct, loss, scored) in results.items():

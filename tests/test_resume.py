@@ -87,6 +87,22 @@ def test_half_run_then_resume_is_bit_identical(name, tmp_path):
     assert len([r for r in records(full.out_dir) if r["kind"] == "round"]) == 8
 
 
+def test_personal_models_resume_bit_identical(tmp_path):
+    """Personal models (pFedMe's NamedTuple client state) and the per-user scores of each user's
+    own model survive a checkpoint: half a run then its resume equals the whole run."""
+    full = ExperimentConfig(**{**BASE, "rounds": 4}, algorithm="pfedme",
+                            out_dir=str(tmp_path / "full"), new_users=0.2,
+                            user_test_fraction=0.3, finetune_steps=2)
+    run(full, progress=False)
+    half = full.replace(out_dir=str(tmp_path / "half"), rounds=2)
+    run(half, progress=False)
+    resumed = half.replace(rounds=4)
+    run(resumed, progress=False)
+    assert_same(final_state(full.out_dir, full), final_state(resumed.out_dir, resumed))
+    assert records(full.out_dir) == records(resumed.out_dir)
+    assert "existing_test_acc" in records(full.out_dir)[-1]
+
+
 def test_a_checkpoint_older_than_a_config_field_resumes_when_the_field_keeps_its_default():
     """A field added after the checkpoint was written counts as its default (the old behaviour)."""
     current = ExperimentConfig(**BASE).to_dict()
