@@ -31,7 +31,7 @@ import optax
 
 from fljax.data.federated import FederatedData, take, with_parts
 from fljax.data.users import Users
-from fljax.clients import local_training, model_loss
+from fljax.clients import full_gradient, local_training, model_loss
 from fljax.evaluate import batch_scores
 from fljax.models.model import Model, Params
 
@@ -46,8 +46,8 @@ def finetune_key(root_key: jax.Array, round_index: int) -> jax.Array:
 def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
                         finetune: optax.GradientTransformation, steps: int,
                         batch_size: int | None, eval_batch: int = 256,
-                        personal_model: Callable | None = None, fresh_state: Any = None
-                        ) -> Callable[..., dict[str, float]]:
+                        personal_model: Callable | None = None, fresh_state: Any = None,
+                        adapt: Callable | None = None) -> Callable[..., dict[str, float]]:
     """``evaluate(params, key, server_state=None, client_states=None) -> {'existing_test_acc',
     'existing_test_acc_p10', ...}``.
 
@@ -58,8 +58,9 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
     user ``users.existing[j]`` starts from the personal model of client row j of
     ``client_states`` (the round state's, stacked over the existing users), a new user from that
     of ``fresh_state`` (the state a client holds before it ever trains: ``client_init`` of the
-    initial model); then the S fine-tuning steps as above. Without ``personal_model`` every user
-    starts from ``params``.
+    initial model); then ``adapt(model, gradient)`` if given (``Algorithm.adapt``, with the
+    gradient of the user's mean loss on its training split: FedEM's E-step) and the S fine-tuning
+    steps as above. Without ``personal_model`` every user starts from ``params``.
     """
     train = with_parts(data, users.train)
     splits = {"test": with_parts(data, users.test)}
@@ -118,6 +119,9 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
     def per_user(params, key, train, splits, personal):   # data are arguments, not constants
         def one(user):
             start = start_of(params, personal, user)
+            if adapt is not None:
+                start = adapt(start, lambda at: full_gradient(
+                    loss_fn, train, train.count[user], train.offset[user], at, batch, max_train))
             local = fine_tuned(start, key, train, user) if steps else start
             return {name: scored(local, split, largest[name], user)
                     for name, split in splits.items()}

@@ -460,14 +460,14 @@ def user_scores(logits_of, x, y, users):
     return scores
 
 
-def ditto_logits(params, state, existing):
+def ditto_logits(params, state, existing, *data):
     def logits(u, x):
         own = client_row(state.client_states, u) if u < existing else params   # new: w^0
         return mlp_logits(own, x)
     return logits
 
 
-def pfedme_logits(params, state, existing):
+def pfedme_logits(params, state, existing, *data):
     def logits(u, x):
         own = client_row(state.client_states, u) if u < existing else PersonalModel(
             state.params, False)
@@ -475,12 +475,17 @@ def pfedme_logits(params, state, existing):
     return logits
 
 
-def fedem_logits(params, state, existing):
+def fedem_logits(params, state, existing, x_all, y_all, users):
+    """A user's mixture weights after one E-step on its training split (FedEM's ``adapt``) from
+    its own (existing) or uniform (new) weights, under the global components."""
     m = len(state.params["log_weights"])
+    components = state.params["components"]
 
     def logits(u, x):
         log_pi = state.client_states[u] if u < existing else np.full(m, -np.log(m))
-        return mixture_logits(state.params["components"], log_pi, x)
+        train = users.train[u]
+        q = responsibilities(components, np.asarray(log_pi), x_all[train], y_all[train])
+        return mixture_logits(components, np.log(q.mean(axis=1)), x)
     return logits
 
 
@@ -503,7 +508,8 @@ EVALUATED = {
 def test_personalized_evaluation_scores_each_user_with_its_own_model(name):
     """finetune steps 0: existing user j is scored with client j's personal model, a new user with
     the personal model of the fresh state client_init(w^0) (Ditto: w^0; pFedMe: the global
-    model; FedEM: the components with uniform weights)."""
+    model; FedEM: the components with uniform weights), FedEM's after an E-step on the user's
+    training split (``Algorithm.adapt``)."""
     trained, components, logits_of = EVALUATED[name]
     alg, params, state, x, y, parts = trained()
     x_all, y_all, users = evaluation_users(x, y, parts)
@@ -511,17 +517,19 @@ def test_personalized_evaluation_scores_each_user_with_its_own_model(name):
         evaluate = make_user_evaluator(
             alg_model(components), federate(x_all, y_all, users.train, NUM_CLASSES), users,
             finetune=local_sgd(0.1).chain(0), steps=0, batch_size=4,
-            personal_model=alg.personal_model, fresh_state=alg.client_init(params))
+            personal_model=alg.personal_model, fresh_state=alg.client_init(params),
+            adapt=alg.adapt)
         got = evaluate(state.params, finetune_key(jax.random.PRNGKey(0), 3), state.server_state,
                        state.client_states)
-    expected = user_scores(logits_of(params, state, len(parts)), x_all, y_all, users)
+    expected = user_scores(logits_of(params, state, len(parts), x_all, y_all, users), x_all,
+                           y_all, users)
     assert set(got) == set(expected)
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-10, atol=1e-12, err_msg=key)
     # The personal models mattered: the global model scores the existing users differently.
     plain = user_scores(global_logits(params, state, len(parts)), x_all, y_all, users)
     assert abs(plain["existing_test_loss"] - got["existing_test_loss"]) > 1e-4
-    if name == "ditto":    # a new user holds w^0, not the trained global model
+    if name in ("ditto", "fedem"):  # a new user holds w^0 / fits its own mixture weights
         assert abs(plain["new_test_loss"] - got["new_test_loss"]) > 1e-4
     else:
         np.testing.assert_allclose(got["new_test_loss"], plain["new_test_loss"], rtol=1e-10)

@@ -94,7 +94,8 @@ class Algorithm(NamedTuple):
     vectors for probes), ``observe`` (a look at the whole round after the server update).
     ``personal_model(params, server_state, client_state) -> params``: a client's own model, for
     algorithms with personal models (Ditto, pFedMe, FedEM's mixture weights, FedBN's local
-    layers); the personalized evaluation scores each user with it (None: the global model).
+    layers); the personalized evaluation scores each user with it (None: the global model),
+    after ``adapt(model, gradient)`` if set (FedEM: an E-step on the user's training split).
     ``ClientContext`` lists what a client knows.
 
     FedAvg with the server's update clipped to norm 1::
@@ -137,6 +138,9 @@ class Algorithm(NamedTuple):
     #   and population (a fljax.probes.RoundView); the adaptive switch decides here
     personal_model: Callable[[Params, Any, Any], Params] | None = None
     # personal_model(w, server state, s_i) -> client i's own model (None: everyone uses w)
+    adapt: Callable[[Params, Callable[[Params], Params]], Params] | None = None
+    # adapt(a user's model, grad of its mean training loss at given params) -> the model it is
+    #   scored with (before any fine-tuning): FedEM's E-step fits the user's mixture weights
 
 
 class LocalSGD(NamedTuple):

@@ -20,7 +20,9 @@ from the softmax's normalizer), one pass over the client's data; the M-step reco
 q_j from w^t (one extra forward pass of each component per step, exactly the E-step's q). Labels per position (sequences) get a q each.
 
 Evaluation: the global model is the mixture with uniform weights; a client's personal model is the
-mixture with its own pi_i (a new user's: uniform, then fine-tuned). Memory: M models on the server
+mixture with its own pi_i (a new user's: uniform), refreshed by one E-step on the user's training
+split (``adapt``: how FedEM fits an unseen client's weights, and what FederatedScope's fine-tuning
+of FedEM starts with) before any fine-tuning. Memory: M models on the server
 and sent both ways each round (M x FedAvg's bytes), M weights per client. FederatedScope's trainer
 simplifies the E-step to batch means and weights each component's batch loss by pi_m instead of
 q_j(m); fljax follows the paper.
@@ -60,11 +62,7 @@ def fedem(local: LocalSGD | optax.GradientTransformation, model: Model, *,
 
     def client_start(ctx: ClientContext, key):
         del key
-        old = {**ctx.params, "log_weights": ctx.client_state}
-        # the cross-entropy's softmax normalizes by sum_m pi_m, whose gradient adds softmax(log pi)
-        weights = (jax.nn.softmax(ctx.client_state)
-                   - ctx.full_gradient(old)["log_weights"])
-        return {**ctx.params, "log_weights": jnp.log(jnp.maximum(weights, 0.0))}
+        return e_step({**ctx.params, "log_weights": ctx.client_state}, ctx.full_gradient)
 
     def client_loss(ctx: ClientContext, loss_fn):
         del loss_fn
@@ -91,4 +89,12 @@ def fedem(local: LocalSGD | optax.GradientTransformation, model: Model, *,
 
     return base._replace(client_init=client_init, client_start=client_start,
                          client_loss=client_loss, client_end=client_end,
-                         personal_model=personal_model)
+                         personal_model=personal_model, adapt=e_step)
+
+
+def e_step(params, gradient):
+    """The mixture ``params`` with log pi <- log (1/n) sum_j q_j, the responsibilities under the
+    current components and weights over the examples whose mean loss ``gradient`` differentiates.
+    The cross-entropy's softmax normalizes by sum_m pi_m, whose gradient adds softmax(log pi)."""
+    weights = jax.nn.softmax(params["log_weights"]) - gradient(params)["log_weights"]
+    return {**params, "log_weights": jnp.log(jnp.maximum(weights, 0.0))}
