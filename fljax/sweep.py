@@ -326,10 +326,12 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
             failed = [sum(bool(evals[-1].get("diverged")) for evals in r) for r in runs]
             cells_text = [mean_std(f) + (f" ({k} of {len(r)} diverged)" if k else "")
                           for f, k, r in zip(finals, failed, runs)]
-            if "acc" in keys[0]:
-                best = max(range(len(columns)),
-                           key=lambda j: statistics.mean(finals[j] or [-1.0]))
-                cells_text[best] = f"**{cells_text[best]}**"
+            if "acc" in keys[0]:     # the best: the highest accuracy, the lowest spread
+                sign = -1.0 if keys[0].endswith("_std") else 1.0
+                best = max((j for j in range(len(columns)) if finals[j]),
+                           key=lambda j: sign * statistics.mean(finals[j]), default=None)
+                if best is not None:
+                    cells_text[best] = f"**{cells_text[best]}**"
             name = f"{row}: {label}" if label else row
             lines.append(f"| {name} | " + " | ".join(cells_text) + " |")
         if "cost_relative_to" in sweep:
