@@ -50,6 +50,22 @@ def cohort_full_gradients(w, x, y, parts, client_ids):
     return grads, gbar
 
 
+def user_summaries(acc, loss, users) -> dict:
+    """The personalized evaluator's per-group summaries of per-user test accuracies and losses:
+    mean, bottom ten percentile, std over users, example-weighted mean accuracy, mean loss."""
+    acc, loss = np.array(acc), np.array(loss)
+    counts = np.array([len(t) for t in users.test], np.float64)
+    scores = {}
+    for group, ids in (("existing", users.existing), ("new", users.new)):
+        scores.update({f"{group}_test_acc": np.mean(acc[ids]),
+                       f"{group}_test_acc_p10": np.percentile(acc[ids], 10),
+                       f"{group}_test_acc_std": np.std(acc[ids]),
+                       f"{group}_test_acc_weighted": np.sum(acc[ids] * counts[ids])
+                       / counts[ids].sum(),
+                       f"{group}_test_loss": np.mean(loss[ids])})
+    return scores
+
+
 def global_norm(tree) -> float:
     return float(np.sqrt(sum(np.sum(leaf ** 2) for leaf in jax.tree.leaves(tree))))
 

@@ -29,7 +29,7 @@ from fljax.engine import client_keys, init_state, make_round, round_key, stream_
 from fljax.errors import FljaxError
 from fljax.models.mixture import mixture
 from fljax.personalize import finetune_key, make_user_evaluator
-from tests.reference import global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import global_norm, mlp_loss_and_grad, tree_map, user_summaries
 from tests.test_drift_corrections import (EPOCHS, SEED, STEPS, assert_close, client_row,
                                           local_train, rounds_of, zeros)
 from tests.test_fedavg_reference import NUM_CLASSES, SIZES, tiny_problem
@@ -447,17 +447,7 @@ def user_scores(logits_of, x, y, users):
         logits = logits_of(u, x[test])
         acc.append(np.mean(logits.argmax(1) == y[test]))
         loss.append(np.mean(-log_softmax(logits)[np.arange(len(test)), y[test]]))
-    acc, loss = np.array(acc), np.array(loss)
-    counts = np.array([len(t) for t in users.test], np.float64)
-    scores = {}
-    for group, ids in (("existing", users.existing), ("new", users.new)):
-        scores.update({f"{group}_test_acc": np.mean(acc[ids]),
-                       f"{group}_test_acc_p10": np.percentile(acc[ids], 10),
-                       f"{group}_test_acc_std": np.std(acc[ids]),
-                       f"{group}_test_acc_weighted": np.sum(acc[ids] * counts[ids])
-                       / counts[ids].sum(),
-                       f"{group}_test_loss": np.mean(loss[ids])})
-    return scores
+    return user_summaries(acc, loss, users)
 
 
 def ditto_logits(params, state, existing, *data):

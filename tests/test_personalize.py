@@ -15,7 +15,7 @@ from fljax.errors import FljaxError
 from fljax.experiment import build
 from fljax.personalize import finetune_key, make_user_evaluator
 from fljax.train import run
-from tests.reference import mlp_loss_and_grad
+from tests.reference import mlp_loss_and_grad, user_summaries
 from tests.test_drift_corrections import local_train
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 
@@ -80,17 +80,7 @@ def reference_scores(params, x, y, users, key, *, steps, batch, lr, clip):
         logits = h @ local["fc2"]["kernel"] + local["fc2"]["bias"]
         acc.append(np.mean(logits.argmax(1) == y[test]))
         loss.append(mean_loss)
-    acc, loss = np.array(acc), np.array(loss)
-    counts = np.array([len(t) for t in users.test], np.float64)
-    scores = {}
-    for group, ids in (("existing", users.existing), ("new", users.new)):
-        scores.update({f"{group}_test_acc": np.mean(acc[ids]),
-                       f"{group}_test_acc_p10": np.percentile(acc[ids], 10),
-                       f"{group}_test_acc_std": np.std(acc[ids]),
-                       f"{group}_test_acc_weighted": np.sum(acc[ids] * counts[ids])
-                       / counts[ids].sum(),
-                       f"{group}_test_loss": np.mean(loss[ids])})
-    return scores
+    return user_summaries(acc, loss, users)
 
 
 @pytest.mark.parametrize("steps, batch, clip", [(0, 4, None), (7, 4, 0.5), (3, None, None)])

@@ -48,15 +48,13 @@ def mixture(model: Model, num_components: int) -> Model:
     def apply_with_features(params, x, train=False, rng=None):
         raise FljaxError("a mixture model has no single feature representation")
 
-    state_mask = update_state = None
-    if model.state_mask is not None:
-        state_mask = {"components": model.state_mask, "log_weights": False}
+    def update_state(params, x, rng=None, mask=None):
+        components = jax.vmap(lambda p: model.update_state(p, x, rng, mask))(
+            params["components"])
+        return {**params, "components": components}
 
-        def update_state(params, x, rng=None, mask=None):
-            components = jax.vmap(lambda p: model.update_state(p, x, rng, mask))(
-                params["components"])
-            return {**params, "components": components}
-
+    stateful = model.state_mask is not None
     return Model(f"{model.name}x{num_components}", init, apply, apply_with_features,
                  ("components", "log_weights"), model.input_spec, model.num_classes,
-                 state_mask, update_state, component=model)
+                 {"components": model.state_mask, "log_weights": False} if stateful else None,
+                 update_state if stateful else None, component=model)
