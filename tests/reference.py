@@ -70,6 +70,16 @@ def global_norm(tree) -> float:
     return float(np.sqrt(sum(np.sum(leaf ** 2) for leaf in jax.tree.leaves(tree))))
 
 
+def sgd_buffer(g, local, buf, *, momentum, weight_decay, clip):
+    """torch SGD's step direction after clip_grad_norm_: d = clip(g) + weight_decay * y;
+    buf = d on the first step, else momentum * buf + d (the step is y -= lr * buf)."""
+    if clip is not None:
+        norm = global_norm(g)
+        g = tree_map(lambda a: a * clip / max(norm, clip), g)
+    g = tree_map(lambda a, b: a + weight_decay * b, g, local)
+    return g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
+
+
 def client_schedule(key, round_index, client_ids_count, counts, batch_size, local_steps,
                     local_epochs, max_count, participation="uniform"):
     """Yield, per sampled client, (client id, list of (positions, mask)) exactly as sampled;

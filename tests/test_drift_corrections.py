@@ -23,7 +23,7 @@ from fljax.data.federated import federate
 from fljax.engine import init_state, make_round
 from fljax.errors import FljaxError
 from tests.reference import (client_schedule, cohort_full_gradients, global_norm,
-                             mlp_loss_and_grad, tree_map)
+                             mlp_loss_and_grad, sgd_buffer, tree_map)
 from tests.test_fedavg_reference import NUM_CLASSES, SIZES, tiny_problem
 
 ROUNDS, COHORT, SEED = 3, 3, 3
@@ -50,11 +50,7 @@ def local_models(start, x, y, part, steps, *, lr, momentum, weight_decay, clip, 
         _, g = mlp_loss_and_grad(local, x[examples], y[examples], mask)
         if in_loss is not None:
             g = tree_map(np.add, g, in_loss(local))
-        if clip is not None:
-            norm = global_norm(g)
-            g = tree_map(lambda a: a * clip / max(norm, clip), g)
-        g = tree_map(lambda a, b: a + weight_decay * b, g, local)
-        buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
+        buf = sgd_buffer(g, local, buf, momentum=momentum, weight_decay=weight_decay, clip=clip)
         models.append(tree_map(lambda a, b: a - lr * scale(k) * b, local, buf))
     return models
 

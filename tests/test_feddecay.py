@@ -22,7 +22,7 @@ from fljax.algorithms.feddecay import feddecay, local_decay
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.meta import fomaml, reptile
 from fljax.errors import FljaxError
-from tests.reference import global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import global_norm, mlp_loss_and_grad, sgd_buffer, tree_map
 from tests.test_drift_corrections import (EPOCHS, STEPS, assert_close, local_models, make_local,
                                           rounds_of, run, split)
 
@@ -48,11 +48,7 @@ def shrunk_local(start, x, y, part, steps, *, period, coefficient, lr, momentum,
             theta_p = theta
         examples = part[np.minimum(positions, len(part) - 1)]
         _, g = mlp_loss_and_grad(theta, x[examples], y[examples], mask)
-        if clip is not None:
-            norm = global_norm(g)
-            g = tree_map(lambda a: a * clip / max(norm, clip), g)
-        g = tree_map(lambda a, b: a + weight_decay * b, g, theta)
-        buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
+        buf = sgd_buffer(g, theta, buf, momentum=momentum, weight_decay=weight_decay, clip=clip)
         theta = tree_map(lambda a, b: a - lr * b, theta, buf)
         if (k + 1) % period == 0 or k == len(steps) - 1:
             b = coefficient(k // period)

@@ -29,7 +29,8 @@ from fljax.engine import client_keys, init_state, make_round, round_key, stream_
 from fljax.errors import FljaxError
 from fljax.models.mixture import mixture
 from fljax.personalize import finetune_key, make_user_evaluator
-from tests.reference import global_norm, mlp_loss_and_grad, tree_map, user_summaries
+from tests.reference import (global_norm, mlp_loss_and_grad, sgd_buffer, tree_map,
+                             user_summaries)
 from tests.test_drift_corrections import (EPOCHS, SEED, STEPS, assert_close, client_row,
                                           local_train, rounds_of, zeros)
 from tests.test_fedavg_reference import NUM_CLASSES, SIZES, tiny_problem
@@ -66,12 +67,8 @@ def sgd_train(start, steps, grad, *, lr, momentum=0.0, weight_decay=0.0, clip=No
     d = clip(grad) + wd * y; buf = momentum * buf + d; y -= lr * buf."""
     local, buf = tree_map(np.copy, start), None
     for positions, mask in steps:
-        g = grad(local, positions, mask)
-        if clip is not None:
-            norm = global_norm(g)
-            g = tree_map(lambda a: a * clip / max(norm, clip), g)
-        g = tree_map(lambda a, b: a + weight_decay * b, g, local)
-        buf = g if buf is None else tree_map(lambda m, a: momentum * m + a, buf, g)
+        buf = sgd_buffer(grad(local, positions, mask), local, buf, momentum=momentum,
+                         weight_decay=weight_decay, clip=clip)
         local = tree_map(lambda a, b: a - lr * b, local, buf)
     return local
 
