@@ -26,6 +26,7 @@ class LocalWork(NamedTuple):
     max_steps: int             # the scan's length: the most steps any client takes
     max_count: int             # the largest n_i
     num_clients: int           # N
+    mean_examples: float       # mean of n_j over all N clients
 
 
 def model_loss(model: Model) -> Callable:
@@ -54,12 +55,13 @@ def full_gradient(loss_fn: Callable, data: FederatedData, count: jax.Array, offs
     return total
 
 
-def client_context(work: LocalWork, loss_fn: Callable, data: FederatedData, client_id, client_state,
-                   weight, params, server_state, round_index, cohort_size, cohort_message=(),
-                   own_message=()) -> ClientContext:
-    """What client ``client_id`` knows in a round (see ClientContext)."""
-    count = data.count[client_id]
-    offset = data.offset[client_id]
+def client_context(work: LocalWork, loss_fn: Callable, data: FederatedData, data_row, client_id,
+                   client_state, weight, params, server_state, round_index, cohort_size,
+                   cohort_message=(), own_message=()) -> ClientContext:
+    """What client ``client_id``, whose examples are client ``data_row`` of ``data``, knows in a
+    round (see ClientContext)."""
+    count = data.count[data_row]
+    offset = data.offset[data_row]
     per_epoch = steps_per_epoch(count, work.batch)
     num_steps = work.local_steps if work.local_steps is not None else \
         work.local_epochs * per_epoch
@@ -71,7 +73,8 @@ def client_context(work: LocalWork, loss_fn: Callable, data: FederatedData, clie
                          round=round_index, client_id=client_id, weight=weight,
                          cohort_size=cohort_size, num_clients=work.num_clients,
                          num_examples=count,
-                         mean_examples=data.count.mean(dtype=jax.tree.leaves(params)[0].dtype),
+                         mean_examples=jnp.asarray(work.mean_examples,
+                                                   jax.tree.leaves(params)[0].dtype),
                          num_steps=jnp.asarray(num_steps, jnp.int32), max_steps=work.max_steps,
                          steps_per_epoch=per_epoch, full_gradient=gradient_at,
                          cohort_message=cohort_message, own_message=own_message)
@@ -157,10 +160,11 @@ def map_sum(fn: Callable, inputs: Any, chunk: int, idle: Callable | None = None)
     return jax.tree.map(unchunk, states), total, jax.tree.map(unchunk, metrics)
 
 
-def joined_only(fn: Callable, inputs: Any, keep_state: bool, active: bool):
+def joined_only(fn: Callable, inputs: Any, state_at: int | None, active: bool):
     """(fn, idle) for map_sum over ``inputs`` whose last entry is each row's joined flag: fn's
-    outputs where the client joined, else idle's: its state unchanged (``keep_state``; else
-    zeros), zero message and metrics. Without ``active`` (uniform cohorts) every row joined."""
+    outputs where the client joined, else idle's: its state unchanged (the row's entry
+    ``state_at``; None: zeros), zero message and metrics. Without ``active`` (uniform cohorts)
+    every row joined."""
     if not active:
         return fn, None
     state_shape, message_shape, metrics_shape = jax.eval_shape(
@@ -168,7 +172,8 @@ def joined_only(fn: Callable, inputs: Any, keep_state: bool, active: bool):
     zeros = lambda tree: jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
 
     def idle(*row):
-        return (row[1] if keep_state else zeros(state_shape), zeros(message_shape),
+        return (zeros(state_shape) if state_at is None else row[state_at],
+                zeros(message_shape),
                 zeros(metrics_shape))
 
     def masked(*row):   # a select, not a product: an idle slot's NaN never leaks

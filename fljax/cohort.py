@@ -45,8 +45,19 @@ def stream_keys(batch_key: jax.Array, step_key: jax.Array, stream: int):
 
 
 def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
-    """A uniformly random set of ``cohort_size`` distinct client ids, ascending."""
-    return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
+    """A uniformly random set of ``cohort_size`` distinct client ids, ascending, in O(C^2) work
+    whatever N: Floyd's algorithm. For j = N-C, ..., N-1 draw t uniform in [0, j]; add t, or j
+    if t was taken already. Every C-subset comes out with probability 1 / binom(N, C)."""
+    first = num_clients - cohort_size
+
+    def add(k, chosen):
+        j = first + k
+        t = jax.random.randint(jax.random.fold_in(key, k), (), 0, j + 1)
+        taken = jnp.any((chosen == t) & (jnp.arange(cohort_size) < k))
+        return chosen.at[k].set(jnp.where(taken, j, t))
+
+    chosen = jax.lax.fori_loop(0, cohort_size, add, jnp.zeros(cohort_size, jnp.int32))
+    return jnp.sort(chosen)
 
 
 def bernoulli_cohort(key: jax.Array, num_clients: int, rate: float,
@@ -54,15 +65,17 @@ def bernoulli_cohort(key: jax.Array, num_clients: int, rate: float,
     """The FedDyn code's participation: each client joins independently with probability
     ``rate``, and the draw is repeated (the key folded with the attempt) while nobody joined.
 
-    Returns (ids, joined) over all N clients: those who joined first, ascending, then the others;
-    over D devices the order is dealt round-robin, so each device gets its share of them."""
+    Returns (ids, joined) over all N clients: those who joined first, ascending, then the others.
+    Over D devices, each of the D equal shares of slots holds its device's own clients
+    ([d N/D, (d+1) N/D), where they live: ``fljax.placement``), ordered so."""
     def draw(attempt):
         return jax.random.uniform(jax.random.fold_in(key, attempt), (num_clients,)) < rate
 
     _, joined = jax.lax.while_loop(lambda c: ~jnp.any(c[1]),
                                    lambda c: (c[0] + 1, draw(c[0] + 1)), (0, draw(0)))
-    ids = jnp.argsort(~joined, stable=True).astype(jnp.int32)
-    ids = ids.reshape(num_clients // num_devices, num_devices).T.reshape(-1)
+    per_device = num_clients // num_devices
+    blocks = jnp.argsort(~joined.reshape(num_devices, per_device), axis=1, stable=True)
+    ids = (blocks + per_device * jnp.arange(num_devices)[:, None]).reshape(-1).astype(jnp.int32)
     return ids, joined[ids]
 
 

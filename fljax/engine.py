@@ -29,6 +29,8 @@ from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model
+from fljax.placement import (AXIS, check_shardable, client_mesh, data_specs, device_index,
+                             global_layout, put, shard_data, state_specs)
 from fljax.probes.base import ClientView, EvalView, Population, Probe, RoundView
 
 __all__ = ["AGGREGATIONS", "PARTICIPATIONS", "RoundFunction", "RoundState", "bernoulli_cohort",
@@ -79,15 +81,30 @@ class RoundFunction:
         return self._jitted(state, self._data)
 
     def init_state(self, params: Params, seed: int) -> RoundState:
-        """The initial state of this round's algorithm and probes, placed for the round."""
-        return self.place(init_state(self.algorithm, params, self._data.num_clients, seed,
-                                     self.probes))
+        """The initial state of this round's algorithm and probes, placed for the round: over a
+        mesh, each device builds only its own clients' rows."""
+        build = functools.partial(init_state, self.algorithm, num_clients=self._data.num_clients,
+                                  seed=seed, probes=self.probes)
+        if self.mesh is None:
+            return build(params)
+        params = jax.tree.map(np.asarray, params)     # host values: the same on every process
+        shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
+                                 state_specs(jax.eval_shape(build, params)))
+        return jax.jit(build, out_shardings=shardings)(params)
 
     def place(self, state: RoundState) -> RoundState:
-        """Put a state where the round expects it (replicated over the mesh, if any)."""
+        """Put a state where the round expects it: over a mesh, per-client states sharded on the
+        client axis and the rest replicated (``fljax.placement``)."""
         if self.mesh is None:
             return state
-        return jax.device_put(state, NamedSharding(self.mesh, P()))
+        return put(state, state_specs(state), self.mesh)
+
+    def shardings(self, state: RoundState):
+        """Where each array of ``state`` lives for the round (None without a mesh): a checkpoint
+        restores straight into it."""
+        if self.mesh is None:
+            return None
+        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), state_specs(state))
 
     def lower(self, state: RoundState):
         """The round lowered for ``state`` (``.as_text()``, ``.compile()``)."""
@@ -157,14 +174,11 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     loss_fn = model_loss(model)
     run_clients = _cohort_runner(algorithm, probes, work, model, augment, client_chunk,
                                  bernoulli, clients_per_round, num_devices > 1)
-    mesh = None
-    if num_devices > 1:
-        mesh = Mesh(np.array(jax.devices()[:num_devices]), ("clients",))
-        run_clients = jax.shard_map(
-            run_clients, mesh=mesh,
-            in_specs=(P("clients"), P("clients"), P("clients"), P("clients"), P(), P(), P(),
-                      P(), P(), P()),
-            out_specs=(P("clients"), P(), P("clients")), check_vma=False)
+    mesh = client_mesh(num_devices) if num_devices > 1 else None
+    if mesh is not None:
+        data = put(shard_data(data, num_devices), data_specs(data), mesh)
+    train_cohort = _cohort_on_devices(run_clients, mesh, work, data, bernoulli,
+                                      clients_per_round)
 
     def round_fn(state: RoundState, data: FederatedData):
         sample_key, client_key = round_key(state.key, state.round)
@@ -172,19 +186,18 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
         cohort = draw_cohort(sample_key, data.count, clients_per_round=clients_per_round,
                              participation=participation, aggregation=aggregation, dtype=dtype,
                              num_devices=num_devices)
-        rows = jax.tree.map(lambda a: a[cohort.ids], _rows(state))       # the cohort's states
-        new_rows, (message, probe_sums), metrics = run_clients(
-            cohort.ids, rows, cohort.weights, cohort.joined, cohort.size, state.params,
-            state.server_state, state.round, client_key, data)
+        (client_states, probe_clients), (message, probe_sums), metrics = train_cohort(
+            cohort, _rows(state), state.params, state.server_state, state.round, client_key,
+            data)
         params, server_state = algorithm.server_update(state.params, state.server_state, message,
                                                        state.round)
-        client_states, probe_clients = jax.tree.map(lambda a, new: a.at[cohort.ids].set(new),
-                                                    _rows(state), new_rows)
         new_state = RoundState(round=state.round + 1, key=state.key, params=params,
                                server_state=server_state, client_states=client_states,
                                probes=state.probes)
         round_metrics = _round_metrics(params, cohort, metrics, bernoulli)
         if algorithm.observe is not None or probes:
+            if mesh is not None:
+                data = global_layout(data, num_devices)
             population = _population(work, loss_fn, data, aggregation, dtype, state.round,
                                      cohort.size)
             new_state, observed = _observe(algorithm, probes, state, new_state, cohort,
@@ -192,10 +205,92 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
             round_metrics = _merge(round_metrics, observed)
         return new_state, round_metrics
 
-    if mesh is not None:
-        data = jax.device_put(data, NamedSharding(mesh, P()))
     return RoundFunction(jax.jit(round_fn, donate_argnums=0), data, mesh, algorithm, model,
                          probes)
+
+
+def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, data: FederatedData,
+                       bernoulli: bool, clients_per_round: int):
+    """``train(cohort, rows, w, server state, t, key, data) -> (every client's new rows, summed
+    outputs, per-slot metrics)``: ``run_clients`` on the cohort, over the mesh if any.
+
+    Client i's rows and examples live on device i // (N/D) (``fljax.placement``). A uniform
+    cohort is dealt out in D equal shares of slots: each sampled client's rows and examples are
+    sent to the device of its slot (a masked gather on the owner, ``psum``-ed), and its new rows
+    back to the owner (``all_gather``, then a scatter where owned). A Bernoulli round has a slot
+    for every client, and each device trains its own clients where they are."""
+    sharded = mesh is not None
+    moves = sharded and not bernoulli
+    devices = mesh.size if sharded else 1
+    per_device = work.num_clients // devices
+    psum = (lambda tree: jax.lax.psum(tree, AXIS)) if sharded else (lambda tree: tree)
+
+    def on_device(ids, joined, weights, cohort_ids, size, rows, params, server_state,
+                  round_index, key, data):
+        d = device_index(sharded)
+        if moves:
+            owned = cohort_ids // per_device == d
+            at = jnp.where(owned, cohort_ids - d * per_device, per_device)   # dropped if not
+            slots = ids.shape[0]
+            mine = lambda a: jax.lax.dynamic_slice_in_dim(a, d * slots, slots)
+            cohort_rows = jax.tree.map(lambda a: mine(_from_owners(a.at[at].get(mode="clip"),
+                                                                   owned, psum)), rows)
+            cohort_data = _cohort_data(data, cohort_ids, owned, work.max_count, mine, psum)
+            data_rows = jnp.arange(slots)
+        else:
+            at = data_rows = ids
+            if sharded:
+                at = ids - d * per_device
+            cohort_rows, cohort_data = jax.tree.map(lambda a: a[at], rows), data
+        new_rows, sums, metrics = run_clients(ids, data_rows, cohort_rows, weights, joined,
+                                              size, params, server_state, round_index, key,
+                                              cohort_data)
+        if moves:
+            new_rows = jax.lax.all_gather(new_rows, AXIS, tiled=True)
+        rows = jax.tree.map(lambda a, new: a.at[at].set(new, mode="drop"), rows, new_rows)
+        if sharded:
+            metrics = jax.lax.all_gather(metrics, AXIS, tiled=True)
+        return rows, psum(sums), metrics
+
+    def train(cohort, rows, params, server_state, round_index, key, data):
+        fn = on_device
+        if sharded:
+            fn = jax.shard_map(
+                on_device, mesh=mesh,
+                in_specs=(P(AXIS), P(AXIS), P(AXIS), P(), P(), P(AXIS), P(), P(), P(), P(),
+                          data_specs(data)),
+                out_specs=(P(AXIS), P(), P()), check_vma=False)
+        return fn(cohort.ids, cohort.joined, cohort.weights, cohort.ids, cohort.size, rows,
+                  params, server_state, round_index, key, data)
+
+    return train
+
+
+def _from_owners(gathered, owned: jax.Array, psum):
+    """Rows gathered on every device, kept where this device ``owned`` them and summed over the
+    devices: each row exactly as its owner holds it (the others add zeros)."""
+    mask = owned.reshape(-1, *(1,) * (gathered.ndim - 1))
+    if gathered.dtype == jnp.bool_:
+        return psum(jnp.where(mask, gathered, False).astype(jnp.int32)).astype(jnp.bool_)
+    return psum(jnp.where(mask, gathered, jnp.zeros((), gathered.dtype)))
+
+
+def _cohort_data(local: FederatedData, cohort_ids, owned, max_count: int, mine,
+                 psum) -> FederatedData:
+    """The examples of this device's slots, sent from their owners: slot s holds its client's
+    n_i examples in rows [s M, s M + n_i) of a FederatedData whose clients are the slots."""
+    count = local.count[cohort_ids]
+    positions = local.offset[cohort_ids][:, None] + jnp.minimum(jnp.arange(max_count),
+                                                                count[:, None] - 1)
+    rows = local.index[jnp.where(owned[:, None], positions, 0)]
+    send = lambda a: mine(_from_owners(a[rows], owned, psum))
+    x, y = jax.tree.map(send, local.x), send(local.y)
+    slots = y.shape[0]
+    flat = lambda a: a.reshape(slots * max_count, *a.shape[2:])
+    return FederatedData(x=jax.tree.map(flat, x), y=flat(y),
+                         index=jnp.arange(slots * max_count, dtype=jnp.int32),
+                         offset=jnp.arange(slots, dtype=jnp.int32) * max_count,
+                         count=mine(count))
 
 
 def _rows(state: RoundState):
@@ -212,29 +307,33 @@ def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
     else:
         max_steps = local_epochs * int(np.max((counts + batch - 1) // batch))
     return LocalWork(batch=batch, local_steps=local_steps, local_epochs=local_epochs,
-                     max_steps=max_steps, max_count=max_count, num_clients=len(counts))
+                     max_steps=max_steps, max_count=max_count, num_clients=len(counts),
+                     mean_examples=float(counts.mean()))
 
 
 def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalWork,
                    model: Model, augment, client_chunk: int, bernoulli: bool,
                    clients_per_round: int, sharded: bool):
-    """``run_clients(ids, rows, weights, joined, cohort size, w, server state, t, key, data) ->
-    (new rows, (summed message, summed probe outputs), per-client metrics)`` for the slots given
-    (all of them, or one device's share under shard_map)."""
+    """``run_clients(ids, data rows, rows, weights, joined, cohort size, w, server state, t, key,
+    data) -> (new rows, (summed message, summed probe outputs), per-client metrics)`` for the slots
+    given (all of them, or one device's share under shard_map). Slot s is client ``ids[s]``
+    (its identity: keys, ``ctx.client_id``) whose examples are client ``data rows[s]`` of
+    ``data`` (the population's, or the cohort's own copy on this device)."""
     loss_fn = model_loss(model)
 
-    def client_first_exchange(client_id, client_state, weight, joined, params, server_state,
-                              round_index, cohort_size, data: FederatedData):
-        ctx = client_context(work, loss_fn, data, client_id, client_state, weight, params,
-                             server_state, round_index, cohort_size)
+    def client_first_exchange(client_id, data_row, client_state, weight, joined, params,
+                              server_state, round_index, cohort_size, data: FederatedData):
+        ctx = client_context(work, loss_fn, data, data_row, client_id, client_state, weight,
+                             params, server_state, round_index, cohort_size)
         message = algorithm.cohort_start(ctx)
         return message, message, ()     # kept per client (own_message) and summed
 
-    def one_client(client_id, row, weight, own_message, joined, params, server_state,
+    def one_client(client_id, data_row, row, weight, own_message, joined, params, server_state,
                    round_index, cohort_size, key, data: FederatedData, cohort_message):
         client_state, probe_states = row
-        ctx = client_context(work, loss_fn, data, client_id, client_state, weight, params,
-                             server_state, round_index, cohort_size, cohort_message, own_message)
+        ctx = client_context(work, loss_fn, data, data_row, client_id, client_state, weight,
+                             params, server_state, round_index, cohort_size, cohort_message,
+                             own_message)
         num_steps = ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
 
@@ -242,7 +341,7 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
             keys = (batch_key, step_key) if stream == 0 else stream_keys(
                 batch_key, step_key, stream)
             return local_training(
-                loss, tx, start, data, client_id, *keys, num_steps=num_steps,
+                loss, tx, start, data, data_row, *keys, num_steps=num_steps,
                 max_steps=work.max_steps, batch=work.batch, max_count=work.max_count,
                 augment=augment, model=model)
 
@@ -257,28 +356,25 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
                                                          probe_states)
         return (new_state, new_probe_states), (message, probe_outputs), metrics
 
-    def run_clients(ids, rows, weights, joined, cohort_size, params, server_state, round_index,
-                    key, data):
+    def run_clients(ids, data_rows, rows, weights, joined, cohort_size, params, server_state,
+                    round_index, key, data):
         if not bernoulli:
             cohort_size = clients_per_round          # static, as ClientContext promises
         shared = dict(params=params, server_state=server_state, round_index=round_index,
                       cohort_size=cohort_size, data=data)
         cohort_message = own_messages = ()
         if algorithm.cohort_start is not None:
-            inputs = (ids, rows[0], weights, joined)
+            inputs = (ids, data_rows, rows[0], weights, joined)
             first, idle = joined_only(functools.partial(client_first_exchange, **shared), inputs,
-                                      False, bernoulli)
+                                      None, bernoulli)
             own_messages, cohort_message, _ = map_sum(first, inputs, client_chunk, idle)
             if sharded:
-                cohort_message = jax.lax.psum(cohort_message, "clients")
-        inputs = (ids, rows, weights, own_messages, joined)
+                cohort_message = jax.lax.psum(cohort_message, AXIS)
+        inputs = (ids, data_rows, rows, weights, own_messages, joined)
         fn, idle = joined_only(functools.partial(one_client, key=key,
                                                  cohort_message=cohort_message, **shared), inputs,
-                               True, bernoulli)
-        new_rows, sums, metrics = map_sum(fn, inputs, client_chunk, idle)
-        if sharded:
-            sums = jax.lax.psum(sums, "clients")
-        return new_rows, sums, metrics
+                               2, bernoulli)
+        return map_sum(fn, inputs, client_chunk, idle)
 
     return run_clients
 
@@ -315,8 +411,8 @@ def _population(work: LocalWork, loss_fn, data: FederatedData, aggregation: str,
                              work.batch, work.max_count)
 
     def context(client, client_state, params, server_state):
-        return client_context(work, loss_fn, data, client, client_state, weights[client], params,
-                              server_state, round_index, cohort_size)
+        return client_context(work, loss_fn, data, client, client, client_state, weights[client],
+                              params, server_state, round_index, cohort_size)
 
     return Population(num_clients=work.num_clients, counts=data.count, weights=weights,
                       gradient=gradient, context=context)
@@ -398,9 +494,7 @@ def _check_round_args(num_clients, clients_per_round, batch, local_steps, local_
                          f"{num_devices}")
     if participation not in PARTICIPATIONS:
         raise FljaxError(f"participation must be one of {PARTICIPATIONS}, got {participation!r}")
-    if participation == "bernoulli" and num_clients % num_devices:
-        raise FljaxError(f"with bernoulli participation the number of clients ({num_clients}) "
-                         f"must be a multiple of num_devices ({num_devices})")
+    check_shardable(num_clients, num_devices)
     if participation == "uniform" and clients_per_round % num_devices:
         raise FljaxError(f"clients_per_round ({clients_per_round}) must be a multiple of "
                          f"num_devices ({num_devices})")

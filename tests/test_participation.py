@@ -46,8 +46,14 @@ def test_bernoulli_cohort_puts_joined_clients_first_and_never_returns_an_empty_r
     rare = np.asarray(draw(keys[:20], 5, 0.01)[1]).sum(axis=1)
     assert rare.min() >= 1                      # redrawn until someone joins (FedDyn's code)
     ids, joined = map(np.asarray, bernoulli_cohort(key, 8, 0.5, num_devices=2))
-    flat, _ = map(np.asarray, bernoulli_cohort(key, 8, 0.5))
-    np.testing.assert_array_equal(ids, np.concatenate([flat[0::2], flat[1::2]]))  # dealt out
+    flat, flat_joined = map(np.asarray, bernoulli_cohort(key, 8, 0.5))
+    np.testing.assert_array_equal(np.sort(ids[joined]), flat[flat_joined])   # the same draw
+    for share, share_joined in zip(ids.reshape(2, 4), joined.reshape(2, 4)):  # its own clients,
+        assert set(share) == set(range(4 * (share[0] // 4), 4 * (share[0] // 4) + 4))
+        m = int(share_joined.sum())                                     # those who joined first
+        assert share_joined[:m].all() and not share_joined[m:].any()
+        assert list(share[:m]) == sorted(share[:m]) and list(share[m:]) == sorted(share[m:])
+    assert sorted(ids[:4]) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("client_chunk", [1, 2])
