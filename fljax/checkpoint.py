@@ -24,7 +24,8 @@ from fljax.errors import FljaxError
 # Config fields that may change when a run resumes: they do not change the experiment itself.
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
                                "keep_checkpoints", "client_chunk", "num_devices",
-                               "target_accuracy"})
+                               "target_accuracy", "coordinator_address", "num_processes",
+                               "process_id"})
 
 
 class Damaged(FljaxError):
@@ -75,12 +76,15 @@ class Checkpoints:
                 defaults: dict[str, Any] | None = None) -> Any:
         """The state saved at ``round_index``, checked against this experiment first.
 
-        ``like`` is a pytree of arrays or ShapeDtypeStructs with the expected structure;
-        ``defaults`` are the values of config fields newer than the checkpoint. Raises FljaxError
-        for another experiment's checkpoint, Damaged for one that cannot be read.
+        ``like`` is a pytree of arrays or ShapeDtypeStructs with the expected structure; each
+        array is read straight into ``like``'s sharding (a state sharded over devices and
+        processes is never gathered). ``defaults`` are the values of config fields newer than the
+        checkpoint. Raises FljaxError for another experiment's checkpoint, Damaged for one that
+        cannot be read.
         """
         check_same_experiment(self.saved_config(round_index), config, self.directory, defaults)
-        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=getattr(a, "sharding", None)), like)
         _ignore_abandoned_reads()
         error = None
         for older in (abstract, *_without_new_empty_fields(abstract)):

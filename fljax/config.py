@@ -149,7 +149,12 @@ class ExperimentConfig:
     keep_checkpoints: int = option(3, "output", "how many recent checkpoints to keep")
     client_chunk: int | None = option(None, "run", "clients trained side by side at a time; "
                                       "unset: 1 on CPU, the whole per-device cohort elsewhere")
-    num_devices: int = option(1, "run", "devices the cohort is split over")
+    num_devices: int = option(1, "run", "devices the population (client data and per-client "
+                              "state) and each cohort are sharded over, across all processes")
+    coordinator_address: str | None = option(None, "run", "multi-process run: process 0's "
+                                             "'host:port'")
+    num_processes: int = option(1, "run", "multi-process run: the number of processes")
+    process_id: int = option(0, "run", "multi-process run: this process's number, from 0")
 
     def validate(self) -> "ExperimentConfig":
         """Raise FljaxError naming the first bad value; return self when all are allowed."""

@@ -101,3 +101,23 @@ class RunLog:
         self.commit()
         self._file.close()
         self._tb.close()
+
+
+class SilentLog(RunLog):
+    """The log of a process other than process 0 in a multi-process run: it writes nothing
+    (process 0 writes the run's log)."""
+
+    def __init__(self, out_dir: str, resume_round: int | None):
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+
+    def _write(self, record: dict[str, Any], scalars: dict[str, float]) -> None:
+        pass
+
+    def evaluation(self, round_index: int, scores: dict[str, float], time_s: float):
+        pass
+
+    def commit(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -28,8 +28,10 @@ from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
 from fljax.experiment import Experiment, build
-from fljax.logs import RunLog, read_log
+from fljax.logs import RunLog, SilentLog, read_log
+from fljax.multihost import barrier, is_primary, start as start_processes
 from fljax.personalize import finetune_key
+from fljax.placement import to_host
 
 
 class Diverged(FljaxError):
@@ -56,7 +58,7 @@ def writable_dir(path: str, what: str) -> None:
     nothing behind), with a one-line FljaxError naming ``what`` if not."""
     try:
         os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".write_test")
+        probe = os.path.join(path, f".write_test.{os.getpid()}")
         with open(probe, "w"):
             pass
         os.remove(probe)
@@ -106,9 +108,15 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     directory is changed, so a run that cannot start leaves it as it was (``fresh`` aside). A
     damaged checkpoint is moved to ``OUT_DIR/damaged_checkpoints`` and the run resumes from the
     newest intact one. From the first write on, Ctrl-C stops the run after the current round.
+
+    With ``config.num_processes`` > 1, every process calls ``run`` with the same config (but its
+    own ``process_id``): they train one model over all their devices, and process 0 writes the
+    log (``fljax.multihost``).
     """
     config.validate()
+    start_processes(config.coordinator_address, config.num_processes, config.process_id)
     experiment = experiment or build(config)
+    primary = is_primary()
     postfix: dict[str, str] = {}
 
     def exchanged(rounds: int) -> int:
@@ -116,7 +124,7 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         return sum(experiment.algorithm.exchanges(t) for t in range(rounds))
 
     def check_and_log(round_index: int, metrics: dict) -> None:
-        m = jax.device_get(metrics)
+        m = to_host(metrics)
         loss = float(m["train_loss"])
         if not math.isfinite(loss) or not bool(m["params_finite"]):
             what = f"the training loss is {loss}" if not math.isfinite(loss) else \
@@ -146,12 +154,13 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         with contextlib.ExitStack() as closing:
             writable_dir(config.out_dir, "output dir")
             checkpoint_dir = os.path.join(config.out_dir, "checkpoints")
-            if fresh and os.path.isdir(checkpoint_dir):
+            if fresh and primary and os.path.isdir(checkpoint_dir):
                 try:
                     shutil.rmtree(checkpoint_dir)
                 except OSError as e:
                     raise FljaxError(f"--fresh cannot delete {checkpoint_dir!r} "
                                      f"({e.strerror})") from None
+            barrier("fresh")
             checkpoints = closing.enter_context(contextlib.closing(
                 Checkpoints(config.out_dir, keep=config.keep_checkpoints)))
             writable_dir(checkpoints.directory, "checkpoint dir")
@@ -160,15 +169,16 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                 state, config.to_dict(), defaults=ExperimentConfig().to_dict())
             if saved_state is not None:
                 state = experiment.round_fn.place(saved_state)
-            log = closing.enter_context(contextlib.closing(
-                RunLog(config.out_dir, saved_round)))   # reads the log before rewriting it
-            for error in damaged:
+            log = closing.enter_context(contextlib.closing(   # reads the log before rewriting it
+                (RunLog if primary else SilentLog)(config.out_dir, saved_round)))
+            for error in damaged if primary else ():
                 moved = checkpoints.set_aside(error.round, os.path.join(config.out_dir,
                                                                         "damaged_checkpoints"))
                 print(f"fljax: warning: {error}; moved to {moved!r}; resuming from checkpoint "
                       f"{saved_round}", file=sys.stderr)
-            write_file(os.path.join(config.out_dir, "config.json"),
-                       json.dumps(config.to_dict(), indent=1))
+            if primary:
+                write_file(os.path.join(config.out_dir, "config.json"),
+                           json.dumps(config.to_dict(), indent=1))
             done = saved_round or 0
             logged = read_log(log.path)
             previous_time = max([r["time_s"] for r in logged] or [0.0])
@@ -176,7 +186,8 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
             extra_evals = {r for p in experiment.round_fn.probes for r in p.eval_rounds}
             start = time.perf_counter() - previous_time
             bar = closing.enter_context(contextlib.closing(tqdm(
-                total=config.rounds, initial=min(done, config.rounds), disable=not progress,
+                total=config.rounds, initial=min(done, config.rounds),
+                disable=not (progress and primary),
                 unit="round", dynamic_ncols=True)))
             pending = None
             for t in range(done, config.rounds):
@@ -216,7 +227,10 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
     model), 'NAME/accuracy', 'NAME/loss' for any other (e.g. FedDyn's aggregate before h); with a
     validation split, the global model's 'val_accuracy', 'val_loss'; with personalized evaluation
     on, the per-user scores ('existing_test_acc', ...) of the global model, or of each user's own
-    model for an algorithm with personal models; the probes' evaluation scores."""
+    model for an algorithm with personal models; the probes' evaluation scores. A state spread
+    over several processes is evaluated from a whole copy on each."""
+    if jax.process_count() > 1:
+        state = jax.device_put(to_host(state), jax.local_devices()[0])
     models = experiment.algorithm.eval_models(state.params, state.server_state)
     scores = {}
     for i, (name, params) in enumerate(models.items()):
