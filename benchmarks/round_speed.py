@@ -23,7 +23,6 @@ import argparse
 import copy
 import datetime
 import functools
-import re
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -33,7 +32,7 @@ import numpy as np
 import fljax
 from fljax.models import (ConvNet, Model, cross_entropy, default_conv_impl, from_module,
                           make_model, num_params)
-from timing import DISTURBED, machine, read_section, round_robin, write_section
+from timing import DISTURBED, machine, read_subsections, round_robin, write_subsections
 
 LEARNING_RATE = 0.05
 TORCH_THREADS = 2
@@ -118,6 +117,11 @@ def synthetic_data(setup: Setup, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return x, rng.integers(0, NUM_CLASSES, n).astype(np.int32)
 
 
+def federated(setup: Setup, x: np.ndarray, y: np.ndarray) -> fljax.FederatedData:
+    """``setup``'s clients over ``synthetic_data``'s arrays: client i holds the i-th block."""
+    return fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+
+
 def cost_benchmark(description: str, unit: str) -> tuple[argparse.Namespace, int, Setup,
                                                       fljax.FederatedData]:
     """The cost benchmarks' shared start: their command line (--quick: one timed round per
@@ -127,9 +131,7 @@ def cost_benchmark(description: str, unit: str) -> tuple[argparse.Namespace, int
     parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
     args = parser.parse_args()
     setup = SETUPS[0]
-    x, y = synthetic_data(setup)
-    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
-    return args, 1 if args.quick else 5, setup, data
+    return args, 1 if args.quick else 5, setup, federated(setup, *synthetic_data(setup))
 
 
 def measure(setup: Setup, candidates: Sequence[Candidate]) -> list[Row]:
@@ -145,16 +147,27 @@ def measure(setup: Setup, candidates: Sequence[Candidate]) -> list[Row]:
 
 # ---------------------------------------------------------------- fljax and its limit
 
-def fljax_round(setup: Setup, data: fljax.FederatedData, conv_impl: str,
-                client_chunk: int) -> Callable[[], None]:
-    """A closure running one FedAvg round of fljax and waiting for it."""
-    model = setup.build(conv_impl)
+def fljax_round_fn(setup: Setup, data: fljax.FederatedData, conv_impl: str,
+                   client_chunk: int | None, **options) -> fljax.RoundFunction:
+    """fljax's FedAvg round on ``setup`` (``client_chunk=None``: make_round's default for the
+    backend; ``options``: more of make_round's keyword arguments)."""
     algorithm = fljax.fedavg(fljax.local_sgd(LEARNING_RATE))
-    round_fn = fljax.make_round(algorithm, model, data, clients_per_round=setup.cohort,
-                                batch_size=setup.batch, local_steps=setup.local_steps,
-                                local_epochs=setup.local_epochs, client_chunk=client_chunk)
-    state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
-    return runner(round_fn, state)
+    return fljax.make_round(algorithm, setup.build(conv_impl), data,
+                            clients_per_round=setup.cohort, batch_size=setup.batch,
+                            local_steps=setup.local_steps, local_epochs=setup.local_epochs,
+                            client_chunk=client_chunk, **options)
+
+
+def initial_state(round_fn: fljax.RoundFunction) -> fljax.RoundState:
+    """The benchmarks' round 0: the model initialised from key 0, seed 0."""
+    return round_fn.init_state(round_fn.model.init(jax.random.key(0)), seed=0)
+
+
+def fljax_round(setup: Setup, data: fljax.FederatedData, conv_impl: str,
+                client_chunk: int | None, **options) -> Callable[[], None]:
+    """A closure running one FedAvg round of fljax and waiting for it (as ``fljax_round_fn``)."""
+    round_fn = fljax_round_fn(setup, data, conv_impl, client_chunk, **options)
+    return runner(round_fn, initial_state(round_fn))
 
 
 def runner(round_fn: fljax.RoundFunction, state: fljax.RoundState) -> Callable[[], None]:
@@ -195,27 +208,38 @@ def limit_round(setup: Setup, data: fljax.FederatedData, conv_impl: str) -> Call
     return run
 
 
+def default_chunk(setup: Setup) -> int:
+    """make_round's default client_chunk for ``setup`` on this backend (one device): 1 on CPU,
+    the whole cohort elsewhere."""
+    return 1 if jax.default_backend() == "cpu" else setup.cohort
+
+
 def fljax_candidates(setup: Setup, data: fljax.FederatedData, timed_rounds: int,
                      slow_rounds: int) -> list[Candidate]:
     """fljax with client_chunk 1 and cohort (the backend's conv), the slow-conv row (timed for
     ``slow_rounds``), the limit."""
     backend = jax.default_backend()
     impl = default_conv_impl()
-    default_chunk = 1 if backend == "cpu" else setup.cohort
     variants = [(impl, 1, timed_rounds), (impl, setup.cohort, timed_rounds)]
     if setup.slow_conv_row and backend == "cpu":
         variants.append(("xla", 1, slow_rounds))
     candidates = []
     for conv_impl, chunk, rounds in variants:
-        is_default = conv_impl == impl and chunk == default_chunk
+        is_default = conv_impl == impl and chunk == default_chunk(setup)
         how = "sequential" if chunk == 1 else "vmap all"
         label = (f"fljax, {conv_impl} conv, client_chunk={chunk} ({how})"
                  + (" [default]" if is_default else ""))
         candidates.append(Candidate(label, "fljax-default" if is_default else "fljax",
                                     fljax_round(setup, data, conv_impl, chunk), rounds))
+    return candidates + [limit_candidate(setup, data, timed_rounds)]
+
+
+def limit_candidate(setup: Setup, data: fljax.FederatedData, timed_rounds: int) -> Candidate:
+    """The limit (``limit_round``) with the backend's default conv, as a row to time."""
+    impl = default_conv_impl()
     steps = setup.cohort * setup.steps_per_client
-    label = f"limit: one lax.scan of {steps} SGD steps ({impl} conv)"
-    return candidates + [Candidate(label, "limit", limit_round(setup, data, impl), timed_rounds)]
+    return Candidate(f"limit: one lax.scan of {steps} SGD steps ({impl} conv)", "limit",
+                     limit_round(setup, data, impl), timed_rounds)
 
 
 # ---------------------------------------------------------------- PyTorch
@@ -238,6 +262,31 @@ def torch_model(setup: Setup, kernel: int = 5):
     return nn.Sequential(*layers)
 
 
+def torch_data(x: np.ndarray, y: np.ndarray, device: str = "cpu"):
+    """(images as a torch NCHW tensor, labels as int64) on ``device``, from NHWC numpy arrays."""
+    import torch
+
+    xs = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(device)
+    return xs, torch.from_numpy(y.astype(np.int64)).to(device)
+
+
+def torch_local_sgd(setup: Setup, model, client_x, client_y) -> None:
+    """Train the torch ``model`` in place on one client's tensors: ``setup``'s local steps of
+    torch.optim.SGD on batches from a fresh random permutation each epoch."""
+    import torch
+
+    n, per_epoch = len(client_y), -(-len(client_y) // setup.batch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    for step in range(setup.steps_per_client):
+        if step % per_epoch == 0:
+            order = torch.randperm(n, device=client_y.device)
+        batch = order[step % per_epoch * setup.batch:][:setup.batch]
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(client_x[batch]), client_y[batch])
+        loss.backward()
+        optimizer.step()
+
+
 def torch_round(setup: Setup, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
     """A closure running one FedAvg round as a plain per-client PyTorch loop: a fresh copy of the
     global model per client, torch.optim.SGD, shuffled batches each epoch, state_dicts averaged."""
@@ -245,24 +294,15 @@ def torch_round(setup: Setup, x: np.ndarray, y: np.ndarray) -> Callable[[], None
 
     torch.set_num_threads(TORCH_THREADS)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    xs = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(device)
-    ys = torch.from_numpy(y.astype(np.int64)).to(device)
+    xs, ys = torch_data(x, y, device)
     global_model = torch_model(setup).to(device)
-    n, per_epoch = setup.examples_per_client, -(-setup.examples_per_client // setup.batch)
+    n = setup.examples_per_client
     rng = np.random.default_rng(0)
 
     def train_client(client: int):
         model = copy.deepcopy(global_model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-        client_x, client_y = xs[client * n:(client + 1) * n], ys[client * n:(client + 1) * n]
-        for step in range(setup.steps_per_client):
-            if step % per_epoch == 0:
-                order = torch.randperm(n, device=device)
-            batch = order[step % per_epoch * setup.batch:][:setup.batch]
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(client_x[batch]), client_y[batch])
-            loss.backward()
-            optimizer.step()
+        torch_local_sgd(setup, model, xs[client * n:(client + 1) * n],
+                        ys[client * n:(client + 1) * n])
         return model.state_dict()
 
     def run():
@@ -372,8 +412,8 @@ PyTorch loop on CPU.
 
 PLACEHOLDERS = {
     "CPU": "To be measured: run `python benchmarks/round_speed.py` on a CPU-only machine.",
-    "GPU": "GPU rows are to be measured on a GPU machine: run `python benchmarks/round_speed.py` "
-           "there (it uses client_chunk = cohort by default and XLA's native conv).",
+    "GPU": "GPU rows are measured by `python benchmarks/gpu.py` on a GPU machine: setups (a) and "
+           "(b) and the other GPU comparisons are in the section GPU rows (`benchmarks/gpu.py`).",
 }
 
 
@@ -408,14 +448,10 @@ def section(rows: Sequence[Row], quick: bool, timed_rounds: int, slow_rounds: in
 def write_report(path: str, backend_section: str) -> None:
     """Write this benchmark's section of ``path``: this backend's part is replaced, the other
     backend's is kept (or a placeholder); the file's other sections are left alone."""
-    parts = dict(PLACEHOLDERS)
-    old = read_section(path, HEADING) or ""
-    for name, body in re.findall(r"^### (\w+)\n\n(.*?)\s*(?=^### |\Z)", old, re.M | re.S):
-        if name in parts:
-            parts[name] = body
+    old = read_subsections(path, HEADING)
+    parts = {name: old.get(name, placeholder) for name, placeholder in PLACEHOLDERS.items()}
     parts["GPU" if jax.default_backend() == "gpu" else "CPU"] = backend_section
-    write_section(path, HEADING,
-                  HEADER + "".join(f"\n### {name}\n\n{body}\n" for name, body in parts.items()))
+    write_subsections(path, HEADING, HEADER, parts)
 
 
 # ---------------------------------------------------------------- main
@@ -444,8 +480,7 @@ def main() -> None:
     for setup in SETUPS:
         print(setup.tag, setup.description, flush=True)
         x, y = synthetic_data(setup)
-        data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
-        candidates = fljax_candidates(setup, data, timed_rounds, slow_rounds)
+        candidates = fljax_candidates(setup, federated(setup, x, y), timed_rounds, slow_rounds)
         if use_torch:
             check_same_size(setup)
             candidates.append(Candidate(f"PyTorch per-client loop ({TORCH_THREADS} threads)",

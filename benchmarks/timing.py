@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import resource
 import statistics
 import time
 from typing import Callable, NamedTuple, Sequence
@@ -31,14 +32,43 @@ def busy_cpu_seconds() -> float | None:
     return (int(user) + int(nice) + int(system)) / os.sysconf("SC_CLK_TCK")
 
 
+def descendants_cpu_seconds() -> float:
+    """CPU seconds used so far by the live descendants of this process (Linux; 0 elsewhere):
+    the helper processes a benchmark starts (another framework's workers) are its own work."""
+    parent, cpu = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue   # the process ended meanwhile
+        parent[pid] = fields[1]
+        cpu[pid] = int(fields[11]) + int(fields[12])
+    children = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    todo, total = list(children.get(str(os.getpid()), [])), 0
+    while todo:
+        pid = todo.pop()
+        total += cpu[pid]
+        todo += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds used so far by this process, its live descendants and its ended children."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + descendants_cpu_seconds() + ended.ru_utime + ended.ru_stime
+
+
 def timed_round(run_round: Callable[[], None]) -> tuple[float, float]:
     """(wall seconds of one round, CPU seconds other processes used meanwhile, 0 if unknown)."""
-    busy, own, start = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+    busy, own, start = busy_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
     run_round()
     wall = time.perf_counter() - start
     if busy is None:
         return wall, 0.0
-    return wall, busy_cpu_seconds() - busy - (time.process_time() - own)
+    return wall, busy_cpu_seconds() - busy - (own_cpu_seconds() - own)
 
 
 def round_robin(runs: Sequence[Callable[[], None]], rounds: Sequence[int]) -> list[Timing]:
@@ -79,6 +109,18 @@ def read_section(path: str, heading: str) -> str | None:
     with open(path) as f:
         match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", f.read(), re.M | re.S)
     return match.group(1).strip() if match else None
+
+
+def read_subsections(path: str, heading: str) -> dict[str, str]:
+    """The ``### title`` parts of ``## heading`` in ``path``: {title: its text}, in order."""
+    body = read_section(path, heading) or ""
+    return dict(re.findall(r"^### ([^\n]+)\n\n(.*?)\s*(?=^### |\Z)", body, re.M | re.S))
+
+
+def write_subsections(path: str, heading: str, header: str, parts: dict[str, str]) -> None:
+    """Write ``## heading`` in ``path`` as ``header`` then a ``### title`` part per entry."""
+    write_section(path, heading,
+                  header + "".join(f"\n### {title}\n\n{text}\n" for title, text in parts.items()))
 
 
 def write_section(path: str, heading: str, body: str) -> None:
