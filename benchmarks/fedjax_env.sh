@@ -17,5 +17,5 @@ python="${PYTHON:-python3.11}"
 "$env_dir/bin/pip" install --quiet \
     "jax==0.4.30" "jaxlib==0.4.30" "dm-haiku==0.0.12" "fedjax==0.0.16" \
     "optax==0.2.3" "chex==0.1.86" "numpy<2" "scipy<1.14"
-"$env_dir/bin/python" -c "import fedjax, haiku, jax; print('fedjax', fedjax.__version__, \
-'haiku', haiku.__version__, 'jax', jax.__version__)"
+"$env_dir/bin/python" -c "import fedjax; from importlib.metadata import version; \
+print(', '.join(f'{p} {version(p)}' for p in ('fedjax', 'jax', 'jaxlib', 'dm-haiku')))"
