@@ -225,6 +225,7 @@ def _sweep(argv: list[str]) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    from fljax.multihost import is_primary
     from fljax.train import RunInterrupted, results_table, run
 
     config, args = config_from_args(argv)
@@ -233,6 +234,8 @@ def _run(argv: list[str]) -> int:
     except RunInterrupted as e:
         print(f"fljax: {e}", file=sys.stderr)
         return 130
+    if not is_primary():
+        return 0                  # process 0 of a multi-process run prints the results
     with _ctrl_c_exits("interrupted after the run finished; everything is saved"):
         print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
                             f"{config.partition} split over {config.num_clients} clients, "

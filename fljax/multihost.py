@@ -37,6 +37,13 @@ def start(coordinator_address: str | None, num_processes: int, process_id: int) 
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
 
 
+def check_devices(num_devices: int) -> None:
+    """Over several processes the mesh must hold every process's devices."""
+    if jax.process_count() > 1 and num_devices != jax.device_count():
+        raise FljaxError(f"with {jax.process_count()} processes num_devices must be every "
+                         f"process's devices ({jax.device_count()}), got {num_devices}")
+
+
 def is_primary() -> bool:
     """Whether this process writes the run's logs (process 0)."""
     return jax.process_index() == 0

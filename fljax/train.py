@@ -29,7 +29,7 @@ from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
 from fljax.experiment import Experiment, build
 from fljax.logs import RunLog, SilentLog, read_log
-from fljax.multihost import barrier, is_primary, start as start_processes
+from fljax.multihost import barrier, check_devices, is_primary, start as start_processes
 from fljax.personalize import finetune_key
 from fljax.placement import to_host
 
@@ -115,6 +115,7 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     """
     config.validate()
     start_processes(config.coordinator_address, config.num_processes, config.process_id)
+    check_devices(config.num_devices)
     experiment = experiment or build(config)
     primary = is_primary()
     postfix: dict[str, str] = {}

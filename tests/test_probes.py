@@ -268,10 +268,11 @@ def test_control_variate_diversity_matches_scaffold_reference():
 # free when off: the lowered program of a round without probes
 
 # sha256 (first 16 hex) of the round's lowered StableHLO text, debug locations removed, as fljax
-# built it before probes existed (recomputed when the loss learnt to skip labels < 0). When the
+# built it before probes existed (recomputed when the loss learnt to skip labels < 0, and when the
+# cohort sampler became Floyd's and client data got its own row per slot). When the
 # engine changes on purpose, recompute with
 # ``python -c "from tests.test_probes import program_fingerprint as f; print(f('fedavg'))"``.
-PROGRAMS_BEFORE_PROBES = {"fedavg": "ed5cdf92bca6251f", "scaffold_bernoulli": "28ca86abbc1331e2"}
+PROGRAMS_BEFORE_PROBES = {"fedavg": "0e2195dfde90b9b1", "scaffold_bernoulli": "de409394d10adc9b"}
 
 
 def program_fingerprint(name: str) -> str:
@@ -377,7 +378,7 @@ def test_adaptive_switch_on_softmax_regression_matches_float64_reference():
         w, hs, past, out = params, [zeros(params) for _ in parts], None, []
         past = sum(global_norm(g) ** 2 for g in g_star) / len(parts)
         for t, clients in rounds_of(parts, batch=batch, local_steps=steps, local_epochs=None,
-                                    aggregation="uniform", rounds=rounds, cohort=2, seed=5):
+                                    aggregation="uniform", rounds=rounds, cohort=2, seed=7):
             gamma = zeros(w)
             for p, cid, steps_k in clients:
                 a_k, h_k = alphas[cid], hs[cid]
@@ -406,7 +407,9 @@ def test_adaptive_switch_on_softmax_regression_matches_float64_reference():
         return w, out
 
     _, never = reference(rounds)
-    lhs = [v for _, v in never]       # here: < 0 while C_T falls, > 0 first at round 22
+    # < 0 while C_T falls, then > 0: seed 7's cohorts make (5) turn within the 26 rounds (most
+    # seeds' do not; the test needs a switch to check it).
+    lhs = [v for _, v in never]
     turn = next(t for t in range(1, rounds - 2) if lhs[t] > max(0, *lhs[:t]))
     zeta = (lhs[turn] + max(0, *lhs[:turn])) / 2       # (5) first holds after round turn + 1
     switch_after = next(t for t in range(rounds) if lhs[t] >= zeta) + 1
@@ -418,7 +421,7 @@ def test_adaptive_switch_on_softmax_regression_matches_float64_reference():
         alg = fljax.switch(fljax.feddyn(local, alpha=alpha), fljax.fedavg(local), when=criterion)
         round_fn = make_round(alg, model, data, clients_per_round=2, batch_size=batch,
                               local_steps=steps, aggregation="uniform")
-        state = round_fn.init_state(params, seed=5)
+        state = round_fn.init_state(params, seed=7)
         history = []
         for _ in range(rounds):
             state, metrics = round_fn(state)
@@ -435,8 +438,8 @@ def test_adaptive_switch_on_softmax_regression_matches_float64_reference():
 
 def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
     """Probe state (per-client previous pseudo-gradients) and the adaptive switch's state are
-    checkpointed: 2 rounds, then a resume to 4, logs what 4 uninterrupted rounds log (the
-    criterion first holds after round 3 here); ``fljax plot --metrics`` draws a probe."""
+    checkpointed: 2 rounds, then a resume to 5, logs what 5 uninterrupted rounds log (the
+    criterion first holds after round 4 here); ``fljax plot --metrics`` draws a probe."""
     from fljax.plot import plot_runs
     from fljax.train import run
 
@@ -444,7 +447,7 @@ def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
         with open(f"{out_dir}/metrics.jsonl") as f:
             return [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in f]
 
-    base = fljax.ExperimentConfig(algorithm="feddyn", rounds=4, eval_every=2, checkpoint_every=2,
+    base = fljax.ExperimentConfig(algorithm="feddyn", rounds=5, eval_every=2, checkpoint_every=2,
                                   num_clients=8, clients_per_round=4, local_steps=2,
                                   local_epochs=None, switch_to="fedavg",
                                   switch_when='{"zeta": 100, "smoothness": 1.0}',
@@ -457,7 +460,7 @@ def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
     np.testing.assert_equal(records(parted.out_dir), records(whole.out_dir))
     assert np.isfinite(records(whole.out_dir)[-1]["cosine_previous"])
     switched = [r["switched"] for r in records(whole.out_dir) if r["kind"] == "round"]
-    assert switched == [0.0, 0.0, 1.0, 1.0]              # FedAvg runs round 4
+    assert switched == [0.0, 0.0, 0.0, 1.0, 1.0]         # FedAvg runs round 5
     out = plot_runs([whole.out_dir, parted.out_dir], str(tmp_path / "p.png"),
                     ["accuracy", "pseudo_gradient_diversity", "all_model/accuracy"])
     assert os.path.getsize(out) > 0

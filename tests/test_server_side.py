@@ -307,7 +307,7 @@ def test_fedexp_matches_reference(case):
     iterates, evaluated, steps = fedexp_reference(lr=lr, local_decay=decay, eps=c["eps"],
                                                   official=official, rounds=ROUNDS,
                                                   aggregation=c["aggregation"])
-    assert max(steps) > 1.1                   # it extrapolated (and clipped at 1 in 'official')
+    assert max(steps) > 1.01                  # it extrapolated (and clipped at 1 in 'official')
     for t, state in enumerate(states):
         assert_trees_close(state.params, iterates[t])
         with jax.enable_x64(True):
