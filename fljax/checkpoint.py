@@ -23,7 +23,7 @@ from fljax.errors import FljaxError
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
-                               "keep_checkpoints", "client_chunk", "num_devices",
+                               "keep_checkpoints", "client_chunk", "unroll", "num_devices",
                                "target_accuracy", "coordinator_address", "num_processes",
                                "process_id"})
 

@@ -14,7 +14,7 @@ from fljax.algorithms.base import ClientContext, Params
 from fljax.data.batching import batch_from_order, epoch_order_at, steps_per_epoch
 from fljax.algorithms.transforms import freeze
 from fljax.data.federated import FederatedData, take
-from fljax.models.model import Model, cross_entropy
+from fljax.models.model import Model, cast_inputs, cross_entropy
 
 
 class LocalWork(NamedTuple):
@@ -27,13 +27,25 @@ class LocalWork(NamedTuple):
     max_count: int             # the largest n_i
     num_clients: int           # N
     mean_examples: float       # mean of n_j over all N clients
+    unroll: int = 1            # local steps per iteration of the scan over steps (lax.scan's)
 
 
-def model_loss(model: Model) -> Callable:
+def model_loss(model: Model, compute_dtype=None) -> Callable:
     """``loss(params, x, y, mask, rng)``: the model's masked mean cross-entropy in training mode
-    (over every scored label: one per example, or one per position)."""
+    (over every scored label: one per example, or one per position).
+
+    With ``compute_dtype`` (e.g. bfloat16) the forward and backward passes run in it: floating
+    parameters and inputs are cast to it, the logits back to float32 before the loss, so the
+    gradients (and the optimizer's state) keep the parameters' dtype."""
     def loss(params, x, y, mask, rng):
-        return cross_entropy(model.apply(params, x, train=True, rng=rng, mask=mask), y, mask)
+        if compute_dtype is not None:
+            params = jax.tree.map(lambda p: p.astype(compute_dtype)
+                                  if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+            x = cast_inputs(x, params)
+        logits = model.apply(params, x, train=True, rng=rng, mask=mask)
+        if compute_dtype is not None:
+            logits = logits.astype(jnp.float32)
+        return cross_entropy(logits, y, mask)
 
     return loss
 
@@ -84,10 +96,11 @@ def local_training(loss_fn: Callable, tx: optax.GradientTransformation, start: P
                    data: FederatedData, client: jax.Array, batch_key: jax.Array,
                    step_key: jax.Array, *, num_steps: jax.Array, max_steps: int, batch: int,
                    max_count: int, augment: Callable | None = None,
-                   model: Model | None = None) -> tuple[Params, jax.Array]:
+                   model: Model | None = None, unroll: int = 1) -> tuple[Params, jax.Array]:
     """(the client's model after ``num_steps`` steps of ``tx`` on ``loss_fn`` from ``start``, each
     step's loss). Step k reads batch k of the client's shuffled epochs (``fljax.data.batching``);
-    the scan runs ``max_steps`` steps, and steps k >= num_steps change nothing (loss 0).
+    the scan runs ``max_steps`` steps, ``unroll`` of them per loop iteration, and steps
+    k >= num_steps change nothing (loss 0).
 
     A ``model`` with state (BatchNorm) has its state leaves held out of ``tx`` (``freeze``) and
     set at each step by the training forward pass at y_k (``Model.update_state``), as torch
@@ -121,7 +134,7 @@ def local_training(loss_fn: Callable, tx: optax.GradientTransformation, start: P
         return carry, jnp.where(active, loss, 0.0)
 
     first = (start, tx.init(start), jnp.zeros(max_count, jnp.int32))
-    (end, _, _), losses = jax.lax.scan(step, first, jnp.arange(max_steps))
+    (end, _, _), losses = jax.lax.scan(step, first, jnp.arange(max_steps), unroll=unroll)
     return end, losses
 
 

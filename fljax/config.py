@@ -27,6 +27,7 @@ MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64
 # The --help groups of the config fields, in order.
 GROUPS = ("data", "model", "algorithm", "local training", "server", "evaluation", "output", "run")
 RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 def option(default: Any, group: str, text: str, *aliases: str):
@@ -149,6 +150,11 @@ class ExperimentConfig:
     keep_checkpoints: int = option(3, "output", "how many recent checkpoints to keep")
     client_chunk: int | None = option(None, "run", "clients trained side by side at a time; "
                                       "unset: 1 on CPU, the whole per-device cohort elsewhere")
+    unroll: int = option(1, "run", "local steps per iteration of the compiled loop over a "
+                         "client's steps (the same results; larger can be faster on GPU)")
+    compute_dtype: str = option("float32", "run", "dtype of the model's forward and backward "
+                                f"passes: {' or '.join(COMPUTE_DTYPES)} (parameters, gradients "
+                                "and optimizer state stay float32)")
     num_devices: int = option(1, "run", "devices the population (client data and per-client "
                               "state) and each cohort are sharded over, across all processes")
     coordinator_address: str | None = option(None, "run", "multi-process run: process 0's "
@@ -167,7 +173,7 @@ class ExperimentConfig:
         positive = dict(num_clients=self.num_clients, clients_per_round=self.clients_per_round,
                         rounds=self.rounds, eval_every=self.eval_every,
                         num_devices=self.num_devices, checkpoint_every=self.checkpoint_every,
-                        keep_checkpoints=self.keep_checkpoints)
+                        keep_checkpoints=self.keep_checkpoints, unroll=self.unroll)
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise FljaxError(f"{name} must be an integer >= 1, got {value!r}")
@@ -213,6 +219,9 @@ class ExperimentConfig:
             raise FljaxError(f"augment must be one of {AUGMENTATIONS}, got {self.augment!r}")
         if self.partition not in PARTITIONS:
             raise FljaxError(f"partition must be one of {PARTITIONS}, got {self.partition!r}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise FljaxError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got "
+                             f"{self.compute_dtype!r}")
         if self.conv_impl is not None and self.conv_impl not in CONV_IMPLS:
             raise FljaxError(f"conv_impl must be one of {CONV_IMPLS} or unset, got "
                              f"{self.conv_impl!r}")

@@ -138,7 +138,8 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                local_epochs: int | None = None, aggregation: str = "examples",
                client_chunk: int | None = None, num_devices: int = 1,
                augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-               participation: str = "uniform", probes: Sequence[Probe] = ()) -> RoundFunction:
+               participation: str = "uniform", probes: Sequence[Probe] = (), unroll: int = 1,
+               compute_dtype=None) -> RoundFunction:
     """Compile-ready round of ``algorithm`` training ``model`` on ``data``.
 
     Local work is exactly one of ``local_steps`` (K steps) or ``local_epochs`` (E passes, i.e.
@@ -154,6 +155,11 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     slots of those who did not join: with ``client_chunk`` c, a round costs the ceil(|S|/c) chunks
     that hold someone (default c: 1 on CPU, the expected cohort per device on GPU).
 
+    ``unroll``: local steps per iteration of the ``lax.scan`` over a client's steps (the same
+    results; fewer, longer loop iterations). ``compute_dtype`` (e.g. ``jnp.bfloat16``): the
+    model's forward and backward passes in that dtype, with parameters, gradients and optimizer
+    state in the parameters' own dtype (``fljax.clients.model_loss``); None: the parameters'.
+
     ``probes`` (``fljax.probes``) are measurements computed inside the round and returned in its
     metrics; their state lives in ``state.probes`` (build it with ``round_fn.init_state``). With
     no probe the round is the same program as without them.
@@ -167,13 +173,14 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     _check_round_args(data.num_clients, clients_per_round, batch, local_steps, local_epochs,
                       aggregation, num_devices, participation)
     probes = _check_probes(probes)
-    work = local_work(counts, batch, local_steps, local_epochs)
+    compute_dtype = _check_compute(unroll, compute_dtype)
+    work = local_work(counts, batch, local_steps, local_epochs, unroll)
     bernoulli = participation == "bernoulli"
     client_chunk = _client_chunk(client_chunk, data.num_clients if bernoulli else
                                  clients_per_round, clients_per_round, num_devices)
-    loss_fn = model_loss(model)
+    loss_fn = model_loss(model, compute_dtype)
     run_clients = _cohort_runner(algorithm, probes, work, model, augment, client_chunk,
-                                 bernoulli, clients_per_round, num_devices > 1)
+                                 bernoulli, clients_per_round, num_devices > 1, loss_fn)
     mesh = client_mesh(num_devices) if num_devices > 1 else None
     if mesh is not None:
         data = put(shard_data(data, num_devices), data_specs(data), mesh)
@@ -299,7 +306,7 @@ def _rows(state: RoundState):
 
 
 def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
-               local_epochs: int | None) -> LocalWork:
+               local_epochs: int | None, unroll: int = 1) -> LocalWork:
     """The static shape of local training over clients of sizes ``counts``."""
     max_count = int(counts.max())
     if local_steps is not None:
@@ -308,18 +315,18 @@ def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
         max_steps = local_epochs * int(np.max((counts + batch - 1) // batch))
     return LocalWork(batch=batch, local_steps=local_steps, local_epochs=local_epochs,
                      max_steps=max_steps, max_count=max_count, num_clients=len(counts),
-                     mean_examples=float(counts.mean()))
+                     mean_examples=float(counts.mean()), unroll=int(unroll))
 
 
 def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalWork,
                    model: Model, augment, client_chunk: int, bernoulli: bool,
-                   clients_per_round: int, sharded: bool):
+                   clients_per_round: int, sharded: bool, loss_fn: Callable):
     """``run_clients(ids, data rows, rows, weights, joined, cohort size, w, server state, t, key,
     data) -> (new rows, (summed message, summed probe outputs), per-client metrics)`` for the slots
     given (all of them, or one device's share under shard_map). Slot s is client ``ids[s]``
     (its identity: keys, ``ctx.client_id``) whose examples are client ``data rows[s]`` of
-    ``data`` (the population's, or the cohort's own copy on this device)."""
-    loss_fn = model_loss(model)
+    ``data`` (the population's, or the cohort's own copy on this device); ``loss_fn``: the
+    model's loss (``model_loss``)."""
 
     def client_first_exchange(client_id, data_row, client_state, weight, joined, params,
                               server_state, round_index, cohort_size, data: FederatedData):
@@ -343,7 +350,7 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
             return local_training(
                 loss, tx, start, data, data_row, *keys, num_steps=num_steps,
                 max_steps=work.max_steps, batch=work.batch, max_count=work.max_count,
-                augment=augment, model=model)
+                augment=augment, model=model, unroll=work.unroll)
 
         ctx = ctx._replace(train=lambda tx, start, stream, loss=None: train(
             loss_fn if loss is None else loss, tx, start, stream)[0])
@@ -471,6 +478,22 @@ def _client_chunk(client_chunk: int | None, slots: int, clients_per_round: int,
         raise FljaxError(f"client_chunk must divide the clients per device ({per_device}), got "
                          f"{client_chunk}")
     return client_chunk
+
+
+def _check_compute(unroll: int, compute_dtype):
+    """Raise FljaxError on a bad ``unroll`` or ``compute_dtype``; return the dtype (or None)."""
+    if isinstance(unroll, bool) or not isinstance(unroll, (int, np.integer)) or unroll < 1:
+        raise FljaxError(f"unroll must be an integer >= 1, got {unroll!r}")
+    if compute_dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(compute_dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise FljaxError(f"compute_dtype must be a floating dtype (e.g. 'bfloat16', "
+                         f"jnp.bfloat16) or None, got {compute_dtype!r}")
+    return dtype
 
 
 def _check_round_args(num_clients, clients_per_round, batch, local_steps, local_epochs,

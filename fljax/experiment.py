@@ -327,7 +327,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         aggregation=config.aggregation, client_chunk=config.client_chunk,
         num_devices=config.num_devices, augment=named_augmentation(config.augment),
         participation=config.participation,
-        probes=build_probes(config, dataset, model, data))
+        probes=build_probes(config, dataset, model, data), unroll=config.unroll,
+        compute_dtype=config.compute_dtype)
     evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
     evaluate_validation = None if validation is None else make_evaluator(model, *validation)
 

@@ -1,0 +1,322 @@
+"""Every GPU row of the benchmarks, on synthetic data, in steps of under 10 minutes each.
+
+    python benchmarks/gpu.py [--smoke] [--out BENCHMARKS.md] [--only STEP]
+
+Steps (each its own process, killed after STEP_BUDGET seconds; its part of the report written as
+soon as it ends):
+  round_speed   round_speed.py's setups (a) and (b): fljax default, vmap all, sequential, limit;
+  finish        the pfl-research CIFAR-10 setup (b) for its 1500 rounds: the time to finish;
+  client_chunk  clients vmapped, sequential and in chunks (client_chunk 1, 5, 10, 25, 50) on (b);
+  conv          per-client convolutions, XLA's (a grouped conv once vmapped) vs im2col, on (b);
+  unroll        the lax.scan over local steps unrolled 1, 2, 5 (all) steps per iteration, on (b);
+  dtype         bfloat16 compute with float32 parameters vs float32, on (b).
+Rows are timed as in round_speed.py (``timing.round_robin``: one warm-up round, then the median
+of timed rounds taken round-robin). The report is the section ``GPU rows`` of --out; --only
+replaces one step's part and keeps the others. It needs a GPU; --smoke runs every step at a tiny
+scale on any backend (the tests run it on CPU) and needs an explicit --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from fljax.models import ConvNet, Model, default_conv_impl, from_module
+from round_speed import (NUM_CLASSES, SETUPS, Candidate, Row, Setup, default_chunk, disturbance,
+                         federated, fljax_candidates, fljax_round, limit_candidate, measure,
+                         synthetic_data, table, targets)
+from timing import machine, read_subsections, write_subsections
+
+STEP_BUDGET = 570          # seconds a full-scale step may run (under 10 minutes)
+SMOKE_BUDGET = 120         # the same for a --smoke step
+
+
+class Scale(NamedTuple):
+    name: str                          # 'full' or 'smoke'
+    setups: tuple[Setup, Setup]        # round_speed's (a) and (b)
+    timed_rounds: int                  # timed rounds per row
+    slow_rounds: int                   # for round_speed's slow-conv row (CPU only)
+    chunks: tuple[int, ...]            # client_chunk values of the client_chunk step
+    finish_rounds: int                 # rounds of the finish step's whole run
+    budget: float                      # seconds a step may run
+
+
+def tiny_cnn(conv_impl: str) -> Model:
+    """The smoke runs' CNN on 8x8x1 images: conv3x3-4, pool, fc8, fc10."""
+    module = ConvNet(channels=(4,), hidden=(8,), num_classes=NUM_CLASSES, kernel=3,
+                     conv_impl=conv_impl)
+    return from_module("tiny_cnn", module, (8, 8, 1), NUM_CLASSES)
+
+
+def smoke_setup(setup: Setup) -> Setup:
+    """``setup`` at a tiny scale: ``tiny_cnn`` on 8x8x1 images, 4 of 8 clients x 12 examples,
+    3 local steps at batch 4 (by local steps or one epoch, as ``setup``)."""
+    small = setup._replace(image=(8, 8, 1), channels=(4,), hidden=(8,), build=tiny_cnn,
+                           model_note="tiny_cnn (conv3x3-4, pool, fc8, fc10)", num_clients=8,
+                           examples_per_client=12, cohort=4, batch=4,
+                           local_steps=None if setup.local_steps is None else 3)
+    return small._replace(description=(
+        f"smoke scale: 8x8x1, {small.cohort} of {small.num_clients} clients x "
+        f"{small.examples_per_client} examples, {small.steps_per_client} steps at B{small.batch}"))
+
+
+FULL = Scale("full", SETUPS, timed_rounds=10, slow_rounds=2, chunks=(1, 5, 10, 25, 50),
+             finish_rounds=1500, budget=STEP_BUDGET)
+SMOKE = Scale("smoke", tuple(smoke_setup(s) for s in SETUPS), timed_rounds=1, slow_rounds=1,
+              chunks=(1, 2, 4), finish_rounds=4, budget=SMOKE_BUDGET)
+
+
+# ---------------------------------------------------------------- report pieces
+
+def run_line(scale: Scale, setup: Setup | None = None) -> str:
+    """The machine, the date and how rows were timed (and the setup, if one)."""
+    line = (f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. Run: "
+            f"{scale.name}, median of {scale.timed_rounds} timed rounds per row after one "
+            "warm-up round, rows timed round-robin.")
+    if setup is not None:
+        line += f" Setup {setup.tag}: {setup.description}; model `{setup.model_note}`."
+    return line
+
+
+def comparison_table(rows: Sequence[Row]) -> str:
+    """One markdown table of a step's rows with their ratios to the default row (time / the
+    default's time; '-' where no row is make_round's default) and to the limit."""
+    default = next((r.seconds for r in rows if r.kind == "fljax-default"), None)
+    limit = next(r.seconds for r in rows if r.kind == "limit")
+    lines = ["| implementation | s/round | rounds/s | examples/s | ratio to default | "
+             "ratio to limit |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        to_default = "-" if default is None else f"{row.seconds / default:.2f}x"
+        lines.append(f"| {row.label} | {row.seconds:.4f} | {1 / row.seconds:.2f} | "
+                     f"{row.setup.examples_per_round / row.seconds:,.0f} | {to_default} | "
+                     f"{row.seconds / limit:.2f}x |")
+    return "\n".join(lines)
+
+
+def compare(scale: Scale, variants: Sequence[tuple[str, bool, Callable]], note: str) -> str:
+    """Time ``variants`` (label, is make_round's default, ``fn(setup, data) -> run_round``) on
+    setup (b) next to its limit; the step's report: run line, ``note``, table, disturbances."""
+    setup = scale.setups[1]
+    data = federated(setup, *synthetic_data(setup))
+    candidates = [Candidate(label + (" [default]" if default else ""),
+                            "fljax-default" if default else "fljax", make(setup, data),
+                            scale.timed_rounds) for label, default, make in variants]
+    rows = measure(setup, candidates + [limit_candidate(setup, data, scale.timed_rounds)])
+    return "\n\n".join([run_line(scale, setup), note, comparison_table(rows), disturbance(rows)])
+
+
+# ---------------------------------------------------------------- steps
+
+def step_round_speed(scale: Scale) -> str:
+    """round_speed.py's fljax rows and limit (no PyTorch rows) for setups (a) and (b)."""
+    rows = []
+    for setup in scale.setups:
+        print(setup.tag, setup.description, flush=True)
+        data = federated(setup, *synthetic_data(setup))
+        rows += measure(setup, fljax_candidates(setup, data, scale.timed_rounds,
+                                                scale.slow_rounds))
+    return "\n\n".join([
+        run_line(scale), "round_speed.py's rows for this backend, without its PyTorch rows.",
+        table(rows), disturbance(rows),
+        "Targets:\n\n" + targets(rows, jax.default_backend() == "cpu")])
+
+
+def step_finish(scale: Scale) -> str:
+    """Setup (b) for all its rounds with make_round's defaults. Time to finish = the first round
+    (which compiles) + the rounds' wall time: measured when median x rounds fits in 0.8 of the
+    step's remaining budget, else that extrapolation."""
+    started = time.perf_counter()
+    setup = scale.setups[1]
+    run = fljax_round(setup, federated(setup, *synthetic_data(setup)), default_conv_impl(), None)
+    first = time.perf_counter()
+    run()
+    first = time.perf_counter() - first
+    label = f"fljax defaults ({default_conv_impl()} conv, client_chunk={default_chunk(setup)})"
+    row = measure(setup, [Candidate(label, "fljax-default", run, scale.timed_rounds)])[0]
+    rounds = scale.finish_rounds
+    estimate = row.seconds * rounds
+    left = scale.budget - (time.perf_counter() - started)
+    if estimate < 0.8 * left:
+        print(f"  running all {rounds} rounds (~{estimate:.0f} s)", flush=True)
+        whole = time.perf_counter()
+        for _ in range(rounds):
+            run()
+        whole = time.perf_counter() - whole
+        measured, how = f"{whole:.2f}", f"all {rounds} rounds were run after the timed ones"
+    else:
+        whole, measured = estimate, "not run"
+        how = (f"the whole run was not made: median x rounds ({estimate:.0f} s) exceeds 0.8 of "
+               f"the step's remaining {left:.0f} s, so the time to finish is extrapolated")
+    rows = "\n".join([
+        f"| implementation | first round (compiles), s | median s/round | {rounds} rounds, "
+        f"extrapolated (median x {rounds}), s | {rounds} rounds, measured, s | time to finish, s |",
+        "|---|---|---|---|---|---|",
+        f"| {row.label} | {first:.2f} | {row.seconds:.4f} | {estimate:.2f} | {measured} | "
+        f"{first + whole:.2f} |"])
+    cache = jax.config.jax_compilation_cache_dir
+    if cache:
+        how += (f"; JAX's persistent compilation cache is on ({cache}): the first round may "
+                "load its program instead of compiling it")
+    return "\n\n".join([
+        run_line(scale, setup), f"The pfl-research CIFAR-10 benchmark (setup (b), 1500 rounds at "
+        f"full scale): {rounds} rounds on this device; {how}.", rows, disturbance([row])])
+
+
+def step_client_chunk(scale: Scale) -> str:
+    """client_chunk c in ``scale.chunks`` on (b): c clients vmapped at a time, chunks scanned."""
+    setup, impl = scale.setups[1], default_conv_impl()
+
+    def how(chunk: int) -> str:
+        if chunk == 1:
+            return "sequential"
+        return "vmap all" if chunk == setup.cohort else f"{setup.cohort // chunk} chunks"
+
+    variants = [(f"client_chunk={chunk} ({how(chunk)})", chunk == default_chunk(setup),
+                 lambda s, d, chunk=chunk: fljax_round(s, d, impl, chunk))
+                for chunk in scale.chunks]
+    return compare(scale, variants, f"Clients one after another (lax.scan), side by side "
+                                    f"(vmap) or in chunks; {impl} conv.")
+
+
+def step_conv(scale: Scale) -> str:
+    """XLA's conv vs im2col on (b), all clients vmapped."""
+    setup, impl = scale.setups[1], default_conv_impl()
+    labels = {"xla": "xla conv (vmapped per-client weights: a grouped convolution)",
+              "im2col": "im2col conv (batched matmuls, fljax.models.layers.im2col_conv)"}
+    variants = [(label, conv == impl and setup.cohort == default_chunk(setup),
+                 lambda s, d, conv=conv: fljax_round(s, d, conv, s.cohort))
+                for conv, label in labels.items()]
+    return compare(scale, variants, f"Per-client convolutions with client_chunk = cohort "
+                                    f"({setup.cohort}); on GPU a vmapped conv over per-client "
+                                    "weights has a slow backward pass (jax issue 13800).")
+
+
+def step_unroll(scale: Scale) -> str:
+    """make_round(unroll=u) on (b): u local steps per iteration of the scan over steps."""
+    setup, impl = scale.setups[1], default_conv_impl()
+    steps = setup.steps_per_client
+    variants = [(f"unroll={u}" + (" (all local steps)" if u == steps else ""), u == 1,
+                 lambda s, d, u=u: fljax_round(s, d, impl, None, unroll=u))
+                for u in sorted({1, 2, steps})]
+    return compare(scale, variants, f"The lax.scan over each client's {steps} local steps "
+                                    f"unrolled; make_round's defaults otherwise ({impl} conv).")
+
+
+def step_dtype(scale: Scale) -> str:
+    """make_round(compute_dtype=bfloat16) vs float32 on (b)."""
+    impl = default_conv_impl()
+    variants = [("float32", True, lambda s, d: fljax_round(s, d, impl, None)),
+                ("bfloat16 compute, float32 parameters", False,
+                 lambda s, d: fljax_round(s, d, impl, None, compute_dtype=jnp.bfloat16))]
+    return compare(scale, variants, "The model's forward and backward passes in bfloat16 over "
+                                    "float32 parameters, gradients and optimizer state; the "
+                                    "limit in float32.")
+
+
+STEPS = {   # name: (title in the report, the step)
+    "round_speed": ("1. Setups (a) and (b): default, vmap all, sequential, limit",
+                    step_round_speed),
+    "finish": ("2. The pfl-research CIFAR-10 setup (b): time to finish its rounds", step_finish),
+    "client_chunk": ("3. Clients vmapped, sequential, chunked on (b)", step_client_chunk),
+    "conv": ("4. Per-client convolutions on (b): xla vs im2col", step_conv),
+    "unroll": ("5. Unrolled local steps on (b)", step_unroll),
+    "dtype": ("6. bfloat16 compute on (b)", step_dtype),
+}
+
+HEADING = "GPU rows (`benchmarks/gpu.py`)"
+
+HEADER = f"""Every GPU comparison in one command, `python benchmarks/gpu.py` (`--only STEP` reruns
+one step and keeps the other parts), on synthetic data with FedAvg and plain local SGD (lr 0.05) as
+in round_speed.py, whose setups (a) and (b) these are. Each step runs in its own process, stopped
+after {STEP_BUDGET} s. Rows are timed as in round_speed.py: one warm-up round (which compiles),
+then the median of timed rounds taken round-robin over a step's rows, each waited for. In steps
+3-6, `[default]` marks what `make_round` does without the option, "ratio to default" is a row's
+time over that row's, and the limit is round_speed.py's: the same SGD steps in ONE jitted
+`lax.scan` with no FL logic.
+"""
+
+
+def placeholder(name: str) -> str:
+    return (f"To be measured: run `python benchmarks/gpu.py` (or `--only {name}`) on a GPU "
+            "machine.")
+
+
+# ---------------------------------------------------------------- running the steps
+
+def run_step(name: str, smoke: bool, budget: float) -> tuple[str, bool]:
+    """(step ``name``'s report part, whether it finished): the step in a child process, killed
+    after ``budget`` seconds."""
+    with tempfile.TemporaryDirectory() as folder:
+        part = os.path.join(folder, "part.md")
+        command = [sys.executable, __file__, "--only", name, "--part", part]
+        try:
+            done = subprocess.run(command + (["--smoke"] if smoke else []), timeout=budget)
+        except subprocess.TimeoutExpired:
+            return f"Not finished: the step was stopped after {budget:.0f} s.", False
+        if done.returncode:
+            return f"Failed: the step exited with status {done.returncode}.", False
+        with open(part) as f:
+            return f.read().strip(), True
+
+
+def backend() -> str:
+    """jax's default backend, asked of a child process: this one holds no device."""
+    return subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def write_part(out: str, name: str, text: str) -> None:
+    """Replace step ``name``'s part of the report in ``out``, keeping every other step's."""
+    old = read_subsections(out, HEADING)
+    parts = {title: old.get(title, placeholder(key)) for key, (title, _) in STEPS.items()}
+    parts[STEPS[name][0]] = text
+    write_subsections(out, HEADING, HEADER, parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="every step at a tiny scale on any backend (needs --out)")
+    parser.add_argument("--out", help="markdown report to write (default: BENCHMARKS.md)")
+    parser.add_argument("--only", choices=list(STEPS), help="run this step alone")
+    parser.add_argument("--part", help=argparse.SUPPRESS)   # a child: write the step's part here
+    args = parser.parse_args(argv)
+    scale = SMOKE if args.smoke else FULL
+    if args.part:
+        with open(args.part, "w") as f:
+            f.write(STEPS[args.only][1](scale))
+        return 0
+    if not args.smoke and (found := backend()) != "gpu":
+        parser.exit(2, f"gpu.py: needs a GPU (jax's backend here is {found}); --smoke --out "
+                       "FILE runs a tiny version anywhere\n")
+    if args.smoke and not args.out:
+        parser.exit(2, "gpu.py: --smoke needs --out (smoke numbers do not belong in "
+                       "BENCHMARKS.md)\n")
+    out = args.out or "BENCHMARKS.md"
+    if args.smoke:   # the steps share programs: each compiles once, in a persistent cache
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+            tempfile.gettempdir(), "fljax-gpu-smoke-xla-cache"))
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    failed = []
+    for name in [args.only] if args.only else list(STEPS):
+        print(f"== {STEPS[name][0]}", flush=True)
+        started = time.perf_counter()
+        text, finished = run_step(name, args.smoke, scale.budget)
+        print(f"== {name}: {time.perf_counter() - started:.0f} s", flush=True)
+        write_part(out, name, text)
+        failed += [] if finished else [name]
+    print(f"written to {out}" + (f"; not finished: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
