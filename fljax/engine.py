@@ -4,8 +4,10 @@
 Inside the program: the cohort is sampled (``fljax.cohort``), each sampled client's state is
 gathered, every client runs its local steps as a ``lax.scan`` (``fljax.clients``), clients run side
 by side (``vmap``), one after another (``lax.scan`` over clients) or in chunks of ``client_chunk``,
-and over several devices the cohort is split across a device mesh (``shard_map``; messages are
-``psum``-ed). Then the server update, the scatter of client states, and the probes
+and over several devices (of one or more processes) the population is sharded and the cohort
+dealt across a device mesh (``shard_map``: the sampled clients' rows and examples travel to their
+slots and back, messages are ``psum``-ed; ``fljax.placement``). Then the server update, the
+scatter of client states, and the probes
 (``fljax.probes``), if any. The state is donated; randomness is ``fold_in(key, round)``, so a
 resumed run repeats an uninterrupted one exactly.
 """
@@ -146,8 +148,9 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     E*ceil(n_i/B) steps for client i; clients with fewer steps mask the rest). ``batch_size=None``
     is the full local dataset (FedSGD). ``client_chunk`` clients run side by side (vmap) at a time:
     1 is a sequential scan over clients (fastest on CPU), ``clients_per_round / num_devices`` is a
-    full vmap (GPU); default: 1 on CPU, all on GPU. ``num_devices`` > 1 splits the cohort over
-    that many devices. ``augment(key, x) -> x`` transforms each training batch.
+    full vmap (GPU); default: 1 on CPU, all on GPU. ``num_devices`` > 1 shards the population
+    (client data and per-client states, ``fljax.placement``) and each cohort over that many
+    devices, of every process. ``augment(key, x) -> x`` transforms each training batch.
 
     ``participation='uniform'`` samples ``clients_per_round`` distinct clients; 'bernoulli' lets
     each client join with probability C = clients_per_round / N (``bernoulli_cohort``; the FedDyn,
