@@ -101,13 +101,6 @@ class RoundFunction:
             return state
         return put(state, state_specs(state), self.mesh)
 
-    def shardings(self, state: RoundState):
-        """Where each array of ``state`` lives for the round (None without a mesh): a checkpoint
-        restores straight into it."""
-        if self.mesh is None:
-            return None
-        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), state_specs(state))
-
     def lower(self, state: RoundState):
         """The round lowered for ``state`` (``.as_text()``, ``.compile()``)."""
         return self._jitted.lower(state, self._data)
@@ -187,8 +180,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     mesh = client_mesh(num_devices) if num_devices > 1 else None
     if mesh is not None:
         data = put(shard_data(data, num_devices), data_specs(data), mesh)
-    train_cohort = _cohort_on_devices(run_clients, mesh, work, data, bernoulli,
-                                      clients_per_round)
+    train_cohort = _cohort_on_devices(run_clients, mesh, work, bernoulli)
 
     def round_fn(state: RoundState, data: FederatedData):
         sample_key, client_key = round_key(state.key, state.round)
@@ -219,8 +211,7 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
                          probes)
 
 
-def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, data: FederatedData,
-                       bernoulli: bool, clients_per_round: int):
+def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoulli: bool):
     """``train(cohort, rows, w, server state, t, key, data) -> (every client's new rows, summed
     outputs, per-slot metrics)``: ``run_clients`` on the cohort, over the mesh if any.
 
