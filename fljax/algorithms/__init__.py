@@ -1,4 +1,13 @@
-"""Federated algorithms: NamedTuples of pure functions built by factories, one module each."""
+"""Federated algorithms: NamedTuples of pure functions built by factories, one module each.
+
+Every hyperparameter that does not change a shape (learning rates, decays, momentum, weight decay,
+clip norm, server numbers, mu, alpha, beta, tau, rho, lambda, FedBug's fraction, the switch round)
+may be a scalar array, traced too, so one compiled program serves many values
+(``fljax.hyperparams``). Structural, and so Python values: strings and bools (options, schedules,
+orders), None against a number (``clip_norm``, ``inner_lr``, ``personal_lr``), integer counts
+(``inner_steps``, ``num_components``, ``frozen_last``, ``prev_seed``), parameter groups and masks,
+and schedules given as functions.
+"""
 
 from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD,
                                    as_client_optimizer,

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from fljax.algorithms.transforms import zero_frozen
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check, is_value
 
 Params = Any
 LossFn = Callable[..., jax.Array]  # loss_fn(params, x, y, mask, rng) -> scalar
@@ -152,6 +153,10 @@ class LocalSGD(NamedTuple):
         g <- clip(g, clip_norm)
         g <- g + (weight_decay + extra_weight_decay) * y        (torch's weight_decay: unclipped)
         buf <- momentum * buf + g; y <- y - lr * round_decay**t * buf   (torch-style momentum)
+
+    Every number may be a scalar array, traced too (``fljax.hyperparams``); ``clip_norm=None`` (no
+    clip) is structural. A concrete momentum or weight decay of 0 leaves out the buffer or the
+    decay term; a traced one keeps them (momentum 0 then gives buf = g, the same steps).
     """
 
     learning_rate: float
@@ -172,15 +177,22 @@ class LocalSGD(NamedTuple):
         if self.clip_norm is not None:
             parts.append(optax.clip_by_global_norm(self.clip_norm))
         decay = self.weight_decay + extra_weight_decay
-        if not (isinstance(decay, float) and decay == 0.0):
+        if not is_value(decay, 0.0):
             parts.append(optax.add_decayed_weights(decay))
-        parts.append(optax.sgd(self.lr(round_index), momentum=self.momentum or None))
+        momentum = None if is_value(self.momentum, 0.0) else self.momentum
+        parts.append(optax.sgd(self.lr(round_index), momentum=momentum))
         return optax.chain(*parts)
 
 
 def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float = 0.0,
               weight_decay: float = 0.0, clip_norm: float | None = None) -> LocalSGD:
-    """LocalSGD with keyword arguments."""
+    """LocalSGD with keyword arguments, each checked (a traced one where it was concrete)."""
+    check("learning_rate", learning_rate, POSITIVE, "> 0 and finite")
+    check("round_decay", round_decay, lambda v: 0 < v <= 1, "in (0, 1]")
+    check("momentum", momentum, lambda v: 0 <= v < 1, "in [0, 1)")
+    check("weight_decay", weight_decay, NON_NEGATIVE, ">= 0 and finite")
+    if clip_norm is not None:
+        check("clip_norm", clip_norm, POSITIVE, "> 0 and finite, or None")
     return LocalSGD(learning_rate, round_decay, momentum, weight_decay, clip_norm)
 
 

@@ -22,14 +22,13 @@ FedAvg's exactly. Memory: one model per client (N x params), kept on the device 
 
 from __future__ import annotations
 
-import math
-
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, LocalSGD
 from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.transforms import add_proximal
 from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
 
 
 def ditto(local: LocalSGD, *, lam: float = 0.5, personal_lr: float | None = None,
@@ -39,10 +38,9 @@ def ditto(local: LocalSGD, *, lam: float = 0.5, personal_lr: float | None = None
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"ditto needs a LocalSGD local optimizer (its proximal term is clipped "
                          f"with the loss gradient), got {type(local).__name__}")
-    if not (math.isfinite(lam) and lam >= 0):
-        raise FljaxError(f"lam must be >= 0 and finite, got {lam}")
-    if personal_lr is not None and not (math.isfinite(personal_lr) and personal_lr > 0):
-        raise FljaxError(f"personal_lr must be > 0 and finite, got {personal_lr}")
+    check("lam", lam, NON_NEGATIVE, ">= 0 and finite")
+    if personal_lr is not None:
+        check("personal_lr", personal_lr, POSITIVE, "> 0 and finite")
     personal = local if personal_lr is None else local._replace(learning_rate=personal_lr)
     base = fedavg(local, server_optimizer, name=name)
 

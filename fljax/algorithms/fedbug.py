@@ -20,8 +20,9 @@ P K / M is an integer. Otherwise the code unfreezes earlier: it floors P K / M b
 by j. P = 0, and any P K < M (f = 0), freezes nothing: the wrapped algorithm exactly.
 K is the client's own step count (``ctx.num_steps``; E * ceil(n_i / B) with local epochs).
 f is looked up in a table built on the host in Python floats for every K up to ``ctx.max_steps``,
-because in float32 P*K can fall below an integer that float64 reaches (0.7 * 10 -> 6.9999998 vs
-7.0).
+because in float32 P*K can fall below an integer that float64 reaches (0.53 * 100 -> 52.999996 vs
+53.0). A traced P (one program for many fractions) computes f in P's dtype instead: exactly the
+table's value in float64; in float32 it can differ from it by one (``unfreeze_factor``).
 
 Ablations (fedbug.txt appendix, "Comparative Analysis of Freezing Strategies"; ``utils_gu.py`` GU
 codes 200, 301, 302): ``order="top_down"`` mirrors the schedule (the output unit always trains,
@@ -47,7 +48,6 @@ forward them still has its in-loss terms of frozen leaves in its clip norm.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -58,15 +58,29 @@ import optax
 from fljax.algorithms.base import Algorithm, ClientContext, Params
 from fljax.algorithms.transforms import frozen_update
 from fljax.errors import FljaxError
+from fljax.hyperparams import check, is_traced, is_value, shown
 
 ORDERS = ("bottom_up", "top_down")
 
 
-def unfreeze_factor(fraction: float, num_steps: jax.Array, num_units: int,
+def unfreeze_factor(fraction: float | jax.Array, num_steps: jax.Array, num_units: int,
                     max_steps: int) -> jax.Array:
-    """f = fraction * K // M with Python float semantics, for a traced K in [0, max_steps]."""
-    table = np.array([int(fraction * k // num_units) for k in range(max_steps + 1)], np.int32)
-    return jnp.asarray(table)[num_steps]
+    """f = fraction * K // M with Python float semantics, for a traced K in [0, max_steps].
+
+    A concrete fraction: a table of f over K, built in Python floats. A traced fraction: computed
+    in its dtype by jnp's float floor division, which follows CPython's (fmod, then the quotient
+    of the exact multiple of M), so in float64 f equals the table's int(fraction * k // M) for
+    the same fraction: K converts exactly and both round the one product fraction * K the same
+    way. In float32 the fraction and the product are rounded to 24 bits, so where fraction * K / M
+    is within that rounding of an integer f can differ by one from the float64 table (M = 1,
+    K = 100: 52 for P = 0.53 and 29 for P = 0.29 in float32, 53 and 28 in the table); where
+    fraction * K is a float32 number (fractions j / 64, K < 2**18) the two agree.
+    """
+    if not is_traced(fraction):
+        table = np.array([int(fraction * k // num_units) for k in range(max_steps + 1)],
+                         np.int32)
+        return jnp.asarray(table)[num_steps]
+    return (fraction * num_steps.astype(fraction.dtype) // num_units).astype(jnp.int32)
 
 
 def trainable_units(step: jax.Array, factor: jax.Array, num_units: int, order: str,
@@ -109,20 +123,19 @@ def gradual_unfreezing(algorithm: Algorithm, units: Sequence[Sequence[str]], fra
     if not isinstance(algorithm, Algorithm):
         raise FljaxError(f"gradual_unfreezing wraps an Algorithm, got {type(algorithm).__name__}")
     units = _check_units(units)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
-            math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
-        raise FljaxError(f"fraction (the gradual-unfreezing share of the local steps) must be a "
-                         f"number in [0, 1], got {fraction!r}")
-    fraction = float(fraction)
+    check("fraction (the gradual-unfreezing share of the local steps)", fraction,
+          lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+    if not is_traced(fraction):
+        fraction = float(fraction)
     if order not in ORDERS:
         raise FljaxError(f"order must be one of {ORDERS}, got {order!r}")
     if isinstance(frozen_last, bool) or not isinstance(frozen_last, int) or not (
             0 <= frozen_last < len(units)):
         raise FljaxError(f"frozen_last must be an integer in [0, {len(units) - 1}] (fewer than "
                          f"the {len(units)} units), got {frozen_last!r}")
-    if frozen_last and fraction != 0.0:
+    if frozen_last and not is_value(fraction, 0.0):
         raise FljaxError(f"frozen_last freezes the last units for the whole round; use it with "
-                         f"fraction=0, got fraction={fraction}")
+                         f"fraction=0, got fraction={shown(fraction)}")
     unit_index = {group: j for j, unit in enumerate(units) for group in unit}
 
     def client_tx(ctx: ClientContext) -> optax.GradientTransformation:
@@ -135,7 +148,8 @@ def gradual_unfreezing(algorithm: Algorithm, units: Sequence[Sequence[str]], fra
             lambda step: trainable_units(step, factor, len(units), order, frozen_last))
 
     if name is None:
-        variant = f"frozen_last{frozen_last}" if frozen_last else f"{order}{fraction:g}"
+        variant = (f"frozen_last{frozen_last}" if frozen_last
+                   else f"{order}{shown(fraction, 'g')}")
         name = f"{algorithm.name}+fedbug_{variant}"
     return algorithm._replace(name=name, client_tx=client_tx)
 

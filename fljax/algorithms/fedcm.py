@@ -27,7 +27,6 @@ client (algorithms.md pitfall 5), and FedBug's fedcm, which is not implemented.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -39,6 +38,7 @@ from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, Params, t
 from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.transforms import add_constant
 from fljax.errors import FljaxError
+from fljax.hyperparams import POSITIVE, check
 
 
 class FedCMState(NamedTuple):
@@ -52,10 +52,8 @@ def fedcm(local: LocalSGD, *, alpha: float = 0.1, server_lr: float = 1.0,
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"fedcm needs a LocalSGD local optimizer (Delta_g is normalized by its "
                          f"lr), got {type(local).__name__}")
-    if not 0 < alpha <= 1:
-        raise FljaxError(f"alpha must be in (0, 1], got {alpha}")
-    if not (math.isfinite(server_lr) and server_lr > 0):
-        raise FljaxError(f"server_lr must be > 0 and finite, got {server_lr}")
+    check("alpha", alpha, lambda v: 0 < v <= 1, "in (0, 1]")
+    check("server_lr", server_lr, POSITIVE, "> 0 and finite")
     base = fedavg(local, optax.sgd(server_lr), name=name)
 
     def server_init(params):

@@ -51,7 +51,6 @@ local learning rate (SCAFFOLD option II, FedNova) keep dividing by the undecayed
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -61,6 +60,7 @@ import optax
 from fljax.algorithms.base import Algorithm, ClientContext, ClientOptimizer, LocalSGD, Params
 from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
+from fljax.hyperparams import check, is_traced, is_value
 
 SCHEDULES = ("exponential", "linear", "linear_code")
 PERIODS = ("step", "epoch")
@@ -121,17 +121,16 @@ def local_decay(algorithm: Algorithm, beta: float, schedule: str = "exponential"
                 name: str | None = None) -> Algorithm:
     """``algorithm`` with its local learning rate scaled by beta_j in the j-th local period
     (``shrink=True``: each period's displacement scaled at its end, the official code's rule)."""
-    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool)
-            and math.isfinite(beta) and 0.0 <= beta <= 1.0):
-        raise FljaxError(f"beta (the local decay) must be in [0, 1], got {beta!r}")
+    check("beta (the local decay)", beta, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
     if schedule not in SCHEDULES:
         raise FljaxError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     check_period(per)
     name = name or f"{algorithm.name}+decay"
-    if beta == (0.0 if schedule == "linear_code" else 1.0):
-        # every beta_j = 1: the algorithm itself, bit for bit
+    if is_value(beta, 0.0 if schedule == "linear_code" else 1.0):
+        # every beta_j = 1: the algorithm itself, bit for bit (a traced beta never takes this)
         return algorithm._replace(name=name)
-    beta = float(beta)
+    if not is_traced(beta):
+        beta = float(beta)       # an integer beta must not make beta**j an integer power
 
     def client_tx(ctx: ClientContext) -> optax.GradientTransformation:
         period = period_length(ctx, per)

@@ -22,15 +22,13 @@ Default beta = 0.1 (``--feddecorr_coef``; the scripts use 0.1 for CIFAR-10 and T
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, ClientOptimizer, LocalSGD, LossFn
 from fljax.algorithms.fedavg import fedavg
-from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, check
 from fljax.models.model import Model, cross_entropy
 
 
@@ -55,8 +53,7 @@ def feddecorr(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, 
               beta: float = 0.1, server_optimizer: optax.GradientTransformation | None = None
               ) -> Algorithm:
     """FedAvg whose clients add beta x the decorrelation loss of ``model``'s features."""
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
-        raise FljaxError(f"beta must be a finite number >= 0, got {beta!r}")
+    check("beta", beta, NON_NEGATIVE, "a finite number >= 0")
 
     def client_loss(ctx: ClientContext, loss_fn: LossFn) -> LossFn:
         del ctx, loss_fn  # replaced: CE and the regularizer share one forward pass

@@ -56,7 +56,6 @@ such as ``fljax.probes.state_diversity``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -67,6 +66,7 @@ from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, identity_
                                    identity_start, tree_scale, tree_sub)
 from fljax.algorithms.transforms import add_constant
 from fljax.errors import FljaxError
+from fljax.hyperparams import POSITIVE, check
 
 
 class FedDynServerState(NamedTuple):
@@ -81,8 +81,7 @@ def feddyn(local: LocalSGD, *, alpha: float = 1e-2, adaptive_alpha: bool = True,
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"feddyn needs a LocalSGD local optimizer (its linear term is clipped "
                          f"with the loss gradient), got {type(local).__name__}")
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise FljaxError(f"alpha must be > 0 and finite, got {alpha}")
+    check("alpha", alpha, POSITIVE, "> 0 and finite")
 
     def alpha_of(ctx: ClientContext):
         """alpha_k = alpha / (n_k / mean_j n_j) (adaptive), else alpha."""

@@ -45,7 +45,6 @@ because FedBug's table was produced with it). Not copied: the official ``fedavgm
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -56,6 +55,7 @@ from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, Lo
                                    tree_scale, tree_sub)
 from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
+from fljax.hyperparams import POSITIVE, check
 
 
 class FedExPState(NamedTuple):
@@ -76,10 +76,8 @@ def fedexp(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, *, 
            evaluate: str = "average", name: str = "fedexp") -> Algorithm:
     """FedExP on FedAvg's clients; ``eps`` (paper form by default), the factor 1/2 (``half``) and
     the evaluated model (``evaluate``) as in the module docstring."""
-    if not (math.isfinite(eps) and eps > 0):
-        raise FljaxError(f"eps must be > 0 and finite, got {eps}")
-    if not 0 < eps_decay <= 1:
-        raise FljaxError(f"eps_decay must be in (0, 1], got {eps_decay}")
+    check("eps", eps, POSITIVE, "> 0 and finite")
+    check("eps_decay", eps_decay, lambda v: 0 < v <= 1, "in (0, 1]")
     if evaluate not in EVALUATES:
         raise FljaxError(f"evaluate must be one of {EVALUATES}, got {evaluate!r}")
     factor = 0.5 if half else 1.0

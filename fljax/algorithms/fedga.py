@@ -44,15 +44,13 @@ that server optimizer; run it with ``batch_size=None, local_steps=1, aggregation
 
 from __future__ import annotations
 
-import math
-
 import jax
 import optax
 
 from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD, Params,
                                    local_sgd, tree_scale)
 from fljax.algorithms.fedavg import fedavg
-from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, check
 
 
 def gradient_exchange(ctx: ClientContext):
@@ -76,12 +74,12 @@ def fedga(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, beta
           server_optimizer: optax.GradientTransformation | None = None,
           *, name: str = "fedga") -> Algorithm:
     """FedGA with displacement ``beta`` on the local optimizer ``local`` (FedAvg's server)."""
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
-        raise FljaxError(f"beta must be a finite number >= 0, got {beta!r}")
+    check("beta", beta, NON_NEGATIVE, "a finite number >= 0")
 
     def client_start(ctx: ClientContext, key: jax.Array) -> Params:
         del key
-        return jax.tree.map(lambda w, d: w - beta * d, ctx.params, gradient_mismatch(ctx))
+        return jax.tree.map(lambda w, d: (w - beta * d).astype(w.dtype), ctx.params,
+                            gradient_mismatch(ctx))
 
     return fedavg(local, server_optimizer, name=name)._replace(
         cohort_start=gradient_exchange, client_start=client_start,

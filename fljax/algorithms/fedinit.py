@@ -76,6 +76,7 @@ import optax
 from fljax.algorithms.base import Algorithm, ClientContext, LocalSGD, Params, tree_sub
 from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
+from fljax.hyperparams import check
 
 AGGREGATES = ("start", "final")
 
@@ -87,16 +88,14 @@ class RelaxedClientState(NamedTuple):
 
 def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") -> Algorithm:
     """``algorithm`` with clients starting from w + beta (w - w_i,K^{prev}) (+RI)."""
-    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool)
-            and math.isfinite(beta)):
-        raise FljaxError(f"beta must be a finite number (negative values pull the start towards "
-                         f"the client's previous model), got {beta!r}")
+    check("beta", beta, math.isfinite, "a finite number (negative values pull the start "
+          "towards the client's previous model)")
     if aggregate not in AGGREGATES:
         raise FljaxError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
 
     def offset(ctx: ClientContext) -> Params:
         """beta (w - w_i,K^{prev})."""
-        return jax.tree.map(lambda w, last: beta * (w - last), ctx.params,
+        return jax.tree.map(lambda w, last: (beta * (w - last)).astype(w.dtype), ctx.params,
                             ctx.client_state.last_model)
 
     def view(ctx: ClientContext) -> ClientContext:

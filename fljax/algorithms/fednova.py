@@ -34,7 +34,7 @@ default ``server_optimizer`` is sgd(1), i.e. gmf = 0, the code's default.
 
 from __future__ import annotations
 
-import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -44,22 +44,31 @@ from fljax.algorithms.base import Algorithm, ClientContext, LocalSGD, tree_scale
 from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.transforms import add_proximal
 from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, check, concrete, is_traced, is_value
+
+
+def select(condition, update: Callable[[Any], Any], value: Any) -> Any:
+    """``update(value)`` where ``condition`` holds, else ``value``: chosen in Python for a concrete
+    condition (the program holds one branch), by ``jnp.where`` for a traced one."""
+    if not is_traced(condition):
+        return update(value) if condition else value
+    return jax.tree.map(lambda new, old: jnp.where(condition, new, old), update(value), value)
 
 
 def normalizer(num_steps: jax.Array, lr: jax.Array, momentum: float, mu: float,
                dtype) -> jax.Array:
-    """a_i after ``num_steps`` steps, by the official code's per-step recursion."""
+    """a_i after ``num_steps`` steps, by the official code's per-step recursion (momentum and mu
+    may be traced: each branch is then taken by ``jnp.where``)."""
+
+    def with_momentum(carry):
+        a, counter = carry
+        counter = counter * momentum + 1.0
+        return a + counter, counter
 
     def step(_, carry):
-        a, counter = carry
-        if momentum != 0:
-            counter = counter * momentum + 1.0
-            a = a + counter
-        if mu != 0:
-            a = a * (1.0 - lr * mu) + 1.0
-        if momentum == 0 and mu == 0:
-            a = a + 1.0
-        return a, counter
+        carry = select(momentum != 0, with_momentum, carry)
+        carry = select(mu != 0, lambda c: (c[0] * (1.0 - lr * mu) + 1.0, c[1]), carry)
+        return select((momentum == 0) & (mu == 0), lambda c: (c[0] + 1.0, c[1]), carry)
 
     zero = jnp.zeros((), dtype)
     a, _ = jax.lax.fori_loop(0, num_steps, step, (zero, zero))
@@ -73,14 +82,14 @@ def fednova(local: LocalSGD, *, mu: float = 0.0,
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"fednova needs a LocalSGD local optimizer (its normalizer reads the lr "
                          f"and momentum), got {type(local).__name__}")
-    if not (math.isfinite(mu) and mu >= 0):
-        raise FljaxError(f"mu must be >= 0 and finite, got {mu}")
-    if not 0 <= local.momentum < 1:
+    check("mu", mu, NON_NEGATIVE, ">= 0 and finite")
+    rho = concrete(local.momentum)
+    if rho is not None and not 0 <= rho < 1:
         raise FljaxError(f"fednova needs the local momentum in [0, 1), got {local.momentum}")
     base = fedavg(local, server_optimizer, name=name)
 
     def client_tx(ctx: ClientContext) -> optax.GradientTransformation:
-        terms = [add_proximal(mu, ctx.params)] if mu != 0 else []
+        terms = [] if is_value(mu, 0.0) else [add_proximal(mu, ctx.params)]
         return local.chain(ctx.round, loss_terms=terms)
 
     def client_end(ctx: ClientContext, start, end):
@@ -93,7 +102,7 @@ def fednova(local: LocalSGD, *, mu: float = 0.0,
 
     def server_update(params, state, message, round_index):
         normalized, weighted_a, weighted_tau = message
-        tau_eff = weighted_tau if mu != 0 else weighted_a
+        tau_eff = select(mu != 0, lambda _: weighted_tau, weighted_a)
         return base.server_update(params, state, tree_scale(tau_eff, normalized), round_index)
 
     return base._replace(client_tx=client_tx, client_end=client_end, server_update=server_update)

@@ -21,15 +21,13 @@ used by it). The tau^2 factor is the repository's later criterion; an earlier co
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, ClientOptimizer, LocalSGD, LossFn
 from fljax.algorithms.fedavg import fedavg
-from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
 from fljax.models.model import Model, cross_entropy
 
 
@@ -54,10 +52,8 @@ def fedntd(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, mod
            beta: float = 1.0, tau: float = 1.0,
            server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
     """FedAvg whose clients distil the global model's not-true-class predictions."""
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
-        raise FljaxError(f"beta must be a finite number >= 0, got {beta!r}")
-    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
-        raise FljaxError(f"tau must be a finite number > 0, got {tau!r}")
+    check("beta", beta, NON_NEGATIVE, "a finite number >= 0")
+    check("tau", tau, POSITIVE, "a finite number > 0")
 
     def client_loss(ctx: ClientContext, loss_fn: LossFn) -> LossFn:
         del loss_fn  # replaced by CE + the distillation term

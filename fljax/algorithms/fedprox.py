@@ -21,14 +21,13 @@ parameters so the proximal term is identically zero.
 
 from __future__ import annotations
 
-import math
-
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, LocalSGD
 from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.transforms import add_proximal
 from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, check
 
 
 def fedprox(local: LocalSGD, *, mu: float = 1e-4,
@@ -38,8 +37,7 @@ def fedprox(local: LocalSGD, *, mu: float = 1e-4,
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"fedprox needs a LocalSGD local optimizer (its proximal term is "
                          f"clipped with the loss gradient), got {type(local).__name__}")
-    if not (math.isfinite(mu) and mu >= 0):
-        raise FljaxError(f"mu must be >= 0 and finite, got {mu}")
+    check("mu", mu, NON_NEGATIVE, ">= 0 and finite")
 
     def client_tx(ctx: ClientContext) -> optax.GradientTransformation:
         return local.chain(ctx.round, loss_terms=[add_proximal(mu, ctx.params)])

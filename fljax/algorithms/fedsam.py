@@ -31,14 +31,12 @@ adaptive variant) and MoFedSAM (FLSIM's FedCM mixing).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, ClientOptimizer, LocalSGD, LossFn
 from fljax.algorithms.fedavg import fedavg
-from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
 
 
 def sam_loss(loss_fn: LossFn, rho: float, eps: float) -> LossFn:
@@ -60,10 +58,8 @@ def fedsam(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, *, 
            eps: float = 1e-12, server_optimizer: optax.GradientTransformation | None = None
            ) -> Algorithm:
     """FedAvg with SAM local steps of radius ``rho`` (wraps the model's loss: needs no model)."""
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 0):
-        raise FljaxError(f"rho must be a finite number >= 0, got {rho!r}")
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-        raise FljaxError(f"eps must be a finite number > 0, got {eps!r}")
+    check("rho", rho, NON_NEGATIVE, "a finite number >= 0")
+    check("eps", eps, POSITIVE, "a finite number > 0")
 
     def client_loss(ctx: ClientContext, loss_fn: LossFn) -> LossFn:
         del ctx

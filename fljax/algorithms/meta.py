@@ -33,7 +33,6 @@ theta_i^p), and FedAvg's client and server finish the round. No engine change is
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -44,17 +43,15 @@ from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, Lo
                                    tree_sub)
 from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.feddecay import check_period, period_length
-from fljax.errors import FljaxError
+from fljax.hyperparams import POSITIVE, check
 
 
 def reptile(client_optimizer: LocalSGD | optax.GradientTransformation | ClientOptimizer,
             meta_step_size: float | optax.Schedule = 1.0, *, name: str = "reptile") -> Algorithm:
     """Reptile: w <- w + eps_t sum_S p_i (theta_i^K - w); eps_t a float or a schedule of rounds."""
-    if not callable(meta_step_size) and not (
-            isinstance(meta_step_size, (int, float)) and math.isfinite(meta_step_size)
-            and meta_step_size > 0):
-        raise FljaxError(f"meta_step_size must be > 0 and finite, or a schedule of the round, got "
-                         f"{meta_step_size!r}")
+    if not callable(meta_step_size):
+        check("meta_step_size", meta_step_size, POSITIVE,
+              "> 0 and finite, or a schedule of the round")
     return fedavg(client_optimizer, optax.sgd(meta_step_size), name=name)
 
 

@@ -37,7 +37,6 @@ previous model (``model_buffer_size`` > 1).
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -47,6 +46,7 @@ import optax
 from fljax.algorithms.base import Algorithm, ClientContext, ClientOptimizer, LocalSGD, LossFn
 from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
 from fljax.models.model import Model, cross_entropy
 
 PREV_INITS = ("random", "global")
@@ -67,10 +67,8 @@ def moon(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, model
          mu: float = 1.0, tau: float = 0.5, prev_init: str = "random", prev_seed: int = 0,
          server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
     """FedAvg with MOON's model-contrastive term on ``model``'s features (its projection)."""
-    if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu >= 0):
-        raise FljaxError(f"mu must be a finite number >= 0, got {mu!r}")
-    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
-        raise FljaxError(f"tau must be a finite number > 0, got {tau!r}")
+    check("mu", mu, NON_NEGATIVE, "a finite number >= 0")
+    check("tau", tau, POSITIVE, "a finite number > 0")
     if prev_init not in PREV_INITS:
         raise FljaxError(f"prev_init must be one of {PREV_INITS}, got {prev_init!r}")
     if not isinstance(prev_seed, int):

@@ -31,7 +31,6 @@ states it).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -42,6 +41,7 @@ from fljax.algorithms.base import Algorithm, ClientContext, LocalSGD, Params
 from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.transforms import add_proximal
 from fljax.errors import FljaxError
+from fljax.hyperparams import POSITIVE, check
 
 
 class PersonalModel(NamedTuple):
@@ -60,8 +60,9 @@ def moreau_loss(loss_fn, lam: float, inner_lr: float, inner_steps: int):
         theta = anchor
         for _ in range(inner_steps):
             g = grad_fn(theta, x, y, mask, rng)
-            theta = jax.tree.map(lambda t, gt, a: t - inner_lr * (gt + lam * (t - a)),
-                                 theta, g, anchor)
+            theta = jax.tree.map(
+                lambda t, gt, a: (t - inner_lr * (gt + lam * (t - a))).astype(t.dtype),
+                theta, g, anchor)
         theta = jax.lax.stop_gradient(theta)
         distance = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w),
                                                              jax.tree.leaves(theta)))
@@ -77,14 +78,12 @@ def pfedme(local: LocalSGD, *, lam: float = 15.0, inner_steps: int = 5,
     ``inner_lr`` (eta_p, default: the local lr) and server interpolation ``beta``."""
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"pfedme needs a LocalSGD local optimizer, got {type(local).__name__}")
-    if not (math.isfinite(lam) and lam > 0):
-        raise FljaxError(f"lam must be > 0 and finite, got {lam}")
+    check("lam", lam, POSITIVE, "> 0 and finite")
     if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 1:
         raise FljaxError(f"inner_steps must be an integer >= 1, got {inner_steps!r}")
-    if inner_lr is not None and not (math.isfinite(inner_lr) and inner_lr > 0):
-        raise FljaxError(f"inner_lr must be > 0 and finite, got {inner_lr}")
-    if not (math.isfinite(beta) and beta > 0):
-        raise FljaxError(f"beta must be > 0 and finite, got {beta}")
+    if inner_lr is not None:
+        check("inner_lr", inner_lr, POSITIVE, "> 0 and finite")
+    check("beta", beta, POSITIVE, "> 0 and finite")
     eta_p = local.learning_rate if inner_lr is None else inner_lr
     base = fedavg(local, optax.sgd(beta), name=name)
 

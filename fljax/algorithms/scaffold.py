@@ -49,8 +49,6 @@ correction applied outside the optimizer.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -60,6 +58,7 @@ from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, identity_
 from fljax.algorithms.fedga import gradient_exchange, gradient_mismatch
 from fljax.algorithms.transforms import add_constant
 from fljax.errors import FljaxError
+from fljax.hyperparams import POSITIVE, check
 
 OPTIONS = ("I", "II", "GA")
 
@@ -74,8 +73,7 @@ def scaffold(local: LocalSGD, *, server_lr: float = 1.0, option: str = "II",
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"scaffold needs a LocalSGD local optimizer (its correction is "
                          f"clipped with the loss gradient), got {type(local).__name__}")
-    if not (math.isfinite(server_lr) and server_lr > 0):
-        raise FljaxError(f"server_lr must be > 0 and finite, got {server_lr}")
+    check("server_lr", server_lr, POSITIVE, "> 0 and finite")
     if option not in OPTIONS:
         raise FljaxError(f"option must be one of {OPTIONS}, got {option!r}")
 

@@ -28,11 +28,13 @@ FedAvgM comes in the two forms the reference code uses (algorithms.md 3.2):
     EMA (FedDecorr, MOON, FedBug):    m <- beta m + (1 - beta) Delta;  x <- x + eta m   (eta = 1)
 
 Momentum 0 makes both FedAvg with server step eta exactly.
+
+Every number (eta, momentum, b1, b2, tau, initial_v) may be a scalar array, traced too
+(``fljax.hyperparams``); ``dampened`` is structural.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -41,22 +43,10 @@ import optax
 
 from fljax.algorithms.base import Algorithm, ClientOptimizer, LocalSGD, Params
 from fljax.algorithms.fedavg import fedavg
-from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise FljaxError(f"{name} must be > 0 and finite, got {value}")
-
-
-def _check_unit(name: str, value: float) -> None:
-    if not 0.0 <= value < 1.0:
-        raise FljaxError(f"{name} must be in [0, 1), got {value}")
-
-
-def _check_initial_v(initial_v: float) -> None:
-    if not (math.isfinite(initial_v) and initial_v >= 0):
-        raise FljaxError(f"initial_v must be >= 0 and finite, got {initial_v}")
+UNIT = lambda v: 0.0 <= v < 1.0     # check(name, value, UNIT, "in [0, 1)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,16 +59,16 @@ def heavy_ball_server(learning_rate: float, momentum: float = 0.9
 
     On g = -Delta this is torch/optax heavy-ball SGD: buf <- momentum buf + g; x <- x - lr buf.
     """
-    _check_positive("learning_rate", learning_rate)
-    _check_unit("momentum", momentum)
+    check("learning_rate", learning_rate, POSITIVE, "> 0 and finite")
+    check("momentum", momentum, UNIT, "in [0, 1)")
     return optax.sgd(learning_rate, momentum=momentum)
 
 
 def ema_momentum_server(learning_rate: float = 1.0, momentum: float = 0.9
                         ) -> optax.GradientTransformation:
     """m <- momentum m + (1 - momentum) Delta; x <- x + learning_rate m (FedDecorr/MOON/FedBug)."""
-    _check_positive("learning_rate", learning_rate)
-    _check_unit("momentum", momentum)
+    check("learning_rate", learning_rate, POSITIVE, "> 0 and finite")
+    check("momentum", momentum, UNIT, "in [0, 1)")
     return optax.chain(optax.ema(momentum, debias=False),
                        optax.scale_by_learning_rate(learning_rate))
 
@@ -107,9 +97,11 @@ def scale_by_reddi(second_moment: SecondMoment, b1: float, tau: float, initial_v
 
     def update(updates, state, params=None):
         del params
-        m = jax.tree.map(lambda mt, g: b1 * mt + (1.0 - b1) * g, state.m, updates)
-        v = jax.tree.map(lambda vt, g: second_moment(vt, g * g), state.v, updates)
-        scaled = jax.tree.map(lambda mt, vt: mt / (jnp.sqrt(vt) + tau), m, v)
+        m = jax.tree.map(lambda mt, g: (b1 * mt + (1.0 - b1) * g).astype(mt.dtype), state.m,
+                         updates)
+        v = jax.tree.map(lambda vt, g: second_moment(vt, g * g).astype(vt.dtype), state.v,
+                         updates)
+        scaled = jax.tree.map(lambda mt, vt: (mt / (jnp.sqrt(vt) + tau)).astype(mt.dtype), m, v)
         return scaled, AdaptiveServerState(m=m, v=v)
 
     return optax.GradientTransformation(init, update)
@@ -117,10 +109,10 @@ def scale_by_reddi(second_moment: SecondMoment, b1: float, tau: float, initial_v
 
 def _adaptive_server(second_moment: SecondMoment, learning_rate: float, b1: float, tau: float,
                      initial_v: float) -> optax.GradientTransformation:
-    _check_positive("learning_rate", learning_rate)
-    _check_unit("b1", b1)
-    _check_positive("tau", tau)
-    _check_initial_v(initial_v)
+    check("learning_rate", learning_rate, POSITIVE, "> 0 and finite")
+    check("b1", b1, UNIT, "in [0, 1)")
+    check("tau", tau, POSITIVE, "> 0 and finite")
+    check("initial_v", initial_v, NON_NEGATIVE, ">= 0 and finite")
     return optax.chain(scale_by_reddi(second_moment, b1, tau, initial_v),
                        optax.scale_by_learning_rate(learning_rate))
 
@@ -128,7 +120,7 @@ def _adaptive_server(second_moment: SecondMoment, learning_rate: float, b1: floa
 def fedadam_server(learning_rate: float, b1: float = 0.9, b2: float = 0.99, tau: float = 1e-3,
                    initial_v: float = 0.0) -> optax.GradientTransformation:
     """FedAdam: v = b2 v + (1 - b2) Delta^2; x += lr m / (sqrt(v) + tau)."""
-    _check_unit("b2", b2)
+    check("b2", b2, UNIT, "in [0, 1)")
     return _adaptive_server(lambda v, g2: b2 * v + (1.0 - b2) * g2,
                             learning_rate, b1, tau, initial_v)
 
@@ -136,7 +128,7 @@ def fedadam_server(learning_rate: float, b1: float = 0.9, b2: float = 0.99, tau:
 def fedyogi_server(learning_rate: float, b1: float = 0.9, b2: float = 0.99, tau: float = 1e-3,
                    initial_v: float = 0.0) -> optax.GradientTransformation:
     """FedYogi: v = v - (1 - b2) Delta^2 sign(v - Delta^2); x += lr m / (sqrt(v) + tau)."""
-    _check_unit("b2", b2)
+    check("b2", b2, UNIT, "in [0, 1)")
     return _adaptive_server(lambda v, g2: v - (1.0 - b2) * g2 * jnp.sign(v - g2),
                             learning_rate, b1, tau, initial_v)
 
@@ -156,8 +148,8 @@ LocalOptimizer = LocalSGD | optax.GradientTransformation | ClientOptimizer
 def fedavgm(local: LocalOptimizer, *, server_lr: float = 1.0, momentum: float = 0.9,
             dampened: bool = False, name: str = "fedavgm") -> Algorithm:
     """FedAvg with server momentum: heavy ball (default, FedExP code) or ``dampened`` EMA."""
-    _check_positive("server_lr", server_lr)
-    _check_unit("momentum", momentum)
+    check("server_lr", server_lr, POSITIVE, "> 0 and finite")
+    check("momentum", momentum, UNIT, "in [0, 1)")
     server = ema_momentum_server if dampened else heavy_ball_server
     return fedavg(local, server(server_lr, momentum), name=name)
 
@@ -165,19 +157,19 @@ def fedavgm(local: LocalOptimizer, *, server_lr: float = 1.0, momentum: float = 
 def fedadam(local: LocalOptimizer, *, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
             tau: float = 1e-3, initial_v: float = 0.0, name: str = "fedadam") -> Algorithm:
     """FedAvg with Reddi et al.'s FedAdam server (FedDecorr defaults)."""
-    _check_positive("server_lr", server_lr)
+    check("server_lr", server_lr, POSITIVE, "> 0 and finite")
     return fedavg(local, fedadam_server(server_lr, b1, b2, tau, initial_v), name=name)
 
 
 def fedyogi(local: LocalOptimizer, *, server_lr: float = 1.0, b1: float = 0.9, b2: float = 0.99,
             tau: float = 1e-3, initial_v: float = 0.0, name: str = "fedyogi") -> Algorithm:
     """FedAvg with Reddi et al.'s FedYogi server (FedDecorr defaults)."""
-    _check_positive("server_lr", server_lr)
+    check("server_lr", server_lr, POSITIVE, "> 0 and finite")
     return fedavg(local, fedyogi_server(server_lr, b1, b2, tau, initial_v), name=name)
 
 
 def fedadagrad(local: LocalOptimizer, *, server_lr: float = 1.0, b1: float = 0.9,
                tau: float = 1e-3, initial_v: float = 0.0, name: str = "fedadagrad") -> Algorithm:
     """FedAvg with Reddi et al.'s FedAdagrad server (FedDecorr defaults)."""
-    _check_positive("server_lr", server_lr)
+    check("server_lr", server_lr, POSITIVE, "> 0 and finite")
     return fedavg(local, fedadagrad_server(server_lr, b1, tau, initial_v), name=name)

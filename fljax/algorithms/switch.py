@@ -29,6 +29,10 @@ the taken branch runs and nothing is recompiled at the switch.
 
 Communication accounting (``exchanges``, ``payload``) follows the round for a fixed switch; with
 ``when`` it is ``first``'s throughout (the round of the switch is not known on the host).
+
+``at_round`` may be a scalar integer array, traced too (an int32 tracer: each of R runs in one
+program switches at its own round); the hooks of the round compare it on the device. What runs on
+the host (``exchanges``, ``payload``, ``eval_models``) needs a concrete one.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext
 from fljax.errors import FljaxError
+from fljax.hyperparams import check, shown
 
 NEVER = jnp.iinfo(jnp.int32).max   # the switch round before the criterion holds
 
@@ -55,9 +60,8 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
     if (at_round is None) == (when is None):
         raise FljaxError("switch needs exactly one of at_round (a round) and when (a criterion "
                          f"probe), got at_round={at_round!r}, when={when!r}")
-    if at_round is not None and (isinstance(at_round, bool) or not isinstance(at_round, int)
-                                 or at_round < 0):
-        raise FljaxError(f"at_round must be an integer >= 0, got {at_round!r}")
+    if at_round is not None:
+        check("at_round", at_round, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
     if when is not None and when.server is None:
         raise FljaxError(f"switch: the criterion {when.name!r} has no server part to decide with")
 
@@ -223,7 +227,7 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
         return then.eval_models(params, s1["state"] if carry_state else s2["state"])
 
     if when is None:
-        name = f"{first.name}->{then.name}@{at_round}"
+        name = f"{first.name}->{then.name}@{shown(at_round)}"
         exchanges = lambda t: first.exchanges(t) if t < at_round else then.exchanges(t)
         payload = lambda t: first.payload(t) if t < at_round else then.payload(t)
     else:

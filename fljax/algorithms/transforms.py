@@ -32,7 +32,8 @@ def add_proximal(mu: float | jax.Array, anchor: Params) -> optax.GradientTransfo
     def update(updates, state, params=None):
         if params is None:
             raise ValueError("add_proximal needs the params in update()")
-        return jax.tree.map(lambda g, y, a: g + mu * (y - a), updates, params, anchor), state
+        return jax.tree.map(lambda g, y, a: (g + mu * (y - a)).astype(g.dtype), updates, params,
+                            anchor), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
