@@ -47,14 +47,18 @@ def stream_keys(batch_key: jax.Array, step_key: jax.Array, stream: int):
 def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
     """A uniformly random set of ``cohort_size`` distinct client ids, ascending, in O(C^2) work
     whatever N: Floyd's algorithm. For j = N-C, ..., N-1 draw t uniform in [0, j]; add t, or j
-    if t was taken already. Every C-subset comes out with probability 1 / binom(N, C)."""
+    if t was taken already. Every C-subset comes out with probability 1 / binom(N, C).
+
+    Ids are int32, and t is drawn as int32, whether or not ``jax_enable_x64`` is on: under it
+    the loop index k, so j, is int64, and an int64 draw would take other random bits; so x64 runs
+    sample the clients of float32 runs (and the program of a float32 run is unchanged)."""
     first = num_clients - cohort_size
 
     def add(k, chosen):
         j = first + k
-        t = jax.random.randint(jax.random.fold_in(key, k), (), 0, j + 1)
+        t = jax.random.randint(jax.random.fold_in(key, k), (), 0, j + 1, dtype=chosen.dtype)
         taken = jnp.any((chosen == t) & (jnp.arange(cohort_size) < k))
-        return chosen.at[k].set(jnp.where(taken, j, t))
+        return chosen.at[k].set(jnp.where(taken, j, t).astype(chosen.dtype))
 
     chosen = jax.lax.fori_loop(0, cohort_size, add, jnp.zeros(cohort_size, jnp.int32))
     return jnp.sort(chosen)

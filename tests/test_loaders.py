@@ -4,8 +4,9 @@ import time
 import numpy as np
 import pytest
 
-from fljax.data import loaders
-from fljax.data.loaders import Dataset, load_dataset, load_digits, load_tfds, normalize_channels
+from fljax.data import loaders, tfds_files
+from fljax.data.dataset import Dataset
+from fljax.data.loaders import load_dataset, load_digits, load_tfds, normalize_channels
 from fljax.errors import FljaxError
 
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -83,7 +84,7 @@ def test_tfds_mock_mnist(tmp_path, no_network):
 
 def test_tfds_real_array_record(tmp_path, monkeypatch, no_network):
     FljaxTinyImages(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-    monkeypatch.setattr(loaders, "_READ_CHUNK", 3)  # several batched reads, the last one partial
+    monkeypatch.setattr(tfds_files, "READ_CHUNK", 3)  # several batched reads, the last one partial
     ds = load_dataset("fljax_tiny_images", data_dir=tmp_path)
     assert ds.num_classes == 3
     assert ds.x_train.shape == (10, 8, 8, 1) and ds.x_test.shape == (4, 8, 8, 1)  # channel axis added

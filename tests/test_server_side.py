@@ -288,6 +288,11 @@ def fedexp_reference(*, lr, local_decay, eps, official, rounds, aggregation):
     return iterates, evaluated, steps
 
 
+# 5 rounds: with the cohorts that seed 3 draws, 'official' clips eta_g to 1 in rounds 1-4 (the
+# raw eta_g are 0.77, 0.88, 0.85, 0.84) and extrapolates in round 5 (1.18); 'paper' extrapolates
+# from round 1. (Until the cohort sampler drew int32 under x64 as it does without, x64 runs drew
+# other cohorts, and 'official' extrapolated by 1.07 in round 2 of 3.)
+FEDEXP_ROUNDS = 5
 FEDEXP_CASES = {
     "paper": dict(eps=1e-3, eps_times_cohort=False, eps_decay=1.0, aggregation="uniform"),
     "official_eps": dict(eps=2e-2, eps_times_cohort=True, eps_decay=0.9, aggregation="examples"),
@@ -303,11 +308,11 @@ def test_fedexp_matches_reference(case):
         algorithms.local_sgd(lr)
     alg = fedexp(local, eps=c["eps"], eps_times_cohort=official, eps_decay=decay)
     assert alg.name == "fedexp"
-    states = run_fljax(alg, rounds=ROUNDS, aggregation=c["aggregation"], **STEPS)
+    states = run_fljax(alg, rounds=FEDEXP_ROUNDS, aggregation=c["aggregation"], **STEPS)
     iterates, evaluated, steps = fedexp_reference(lr=lr, local_decay=decay, eps=c["eps"],
-                                                  official=official, rounds=ROUNDS,
+                                                  official=official, rounds=FEDEXP_ROUNDS,
                                                   aggregation=c["aggregation"])
-    assert max(steps) > 1.01                  # it extrapolated (and clipped at 1 in 'official')
+    assert max(steps) > 1.1                   # it extrapolated (and clipped at 1 in 'official')
     for t, state in enumerate(states):
         assert_trees_close(state.params, iterates[t])
         with jax.enable_x64(True):

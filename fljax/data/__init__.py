@@ -3,8 +3,9 @@
 from fljax.data.augment import flip_and_crop
 from fljax.data.batching import (batch_from_order, client_batch, epoch_order, epoch_order_at,
                                  steps_per_epoch)
+from fljax.data.dataset import Dataset
 from fljax.data.federated import FederatedData, federate, with_parts
-from fljax.data.loaders import (Dataset, load_dataset, load_digits, load_mnist1d, load_tfds,
+from fljax.data.loaders import (load_dataset, load_digits, load_mnist1d, load_tfds,
                                 normalize_channels)
 from fljax.data.partition import (classes_per_client, dirichlet, dirichlet_balanced, iid,
                                   label_skew, natural)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fljax.data.loaders import Dataset
+from fljax.data.dataset import Dataset
 from fljax.errors import FljaxError
 
 PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")

@@ -35,7 +35,8 @@ import re
 
 import numpy as np
 
-from fljax.data.loaders import Dataset
+from fljax.data.dataset import Dataset
+from fljax.data.synthetic import generate
 from fljax.errors import FljaxError
 
 KINDS = ("femnist", "shakespeare", "sent140", "synthetic")
@@ -228,8 +229,6 @@ def write_synthetic(directory: str, alpha: float = 1.0, beta: float = 1.0, *,
                     num_users: int = 30, seed: int = 0) -> None:
     """FedProx's Synthetic(alpha, beta) users (``fljax.data.synthetic.generate``: the generator
     LEAF's synthetic dataset follows) written as a LEAF ``all_data`` folder."""
-    from fljax.data.synthetic import generate
-
     data = generate(alpha, beta, num_users=num_users, seed=seed)
     write_leaf(directory, {f"f_{k:05d}": (x.tolist(), y.tolist())
                            for k, (x, y) in enumerate(zip(data.x, data.y))})

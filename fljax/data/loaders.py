@@ -18,36 +18,23 @@ import os
 import random
 import re
 import zipfile
-from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
 
+from fljax.data.dataset import Dataset
+from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
+from fljax.data.leaf import load_leaf, load_user_npz
+from fljax.data.synthetic import load_synthetic
+from fljax.data.text import load_sst2
+from fljax.data.tfds_files import first_line, open_split, prepare_hint, read_split
 from fljax.errors import FljaxError
-
-_READ_CHUNK = 1024
-
-
-class Dataset(NamedTuple):
-    """Train and test arrays; datasets whose clients are given (users) carry each example's user.
-
-    ``user_train`` / ``user_test`` (int32, [N]) hold the user id, 0..U-1, of every example of a
-    dataset generated or collected per user (partition ``natural`` makes user u client u); None
-    for a centralised dataset that a partitioner splits.
-    """
-
-    name: str
-    x_train: np.ndarray  # float32 [N, ...]: images [N, H, W, C], signals [N, L, C], vectors [N, D]
-    y_train: np.ndarray  # int32, [N]
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-    user_train: np.ndarray | None = None  # int32, [N]: user of each training example
-    user_test: np.ndarray | None = None   # int32, [N_test]: user of each test example
 
 
 def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """scikit-learn's digits as [N, 8, 8, 1] float32 in [0, 1], with a stratified seeded split."""
+    # imported here, not at the top: scikit-learn takes about half a second to import, and only
+    # this dataset needs it
     from sklearn.datasets import load_digits as sk_load_digits
     from sklearn.model_selection import train_test_split
 
@@ -91,7 +78,7 @@ def load_mnist1d(num_train: int = MNIST1D_TRAIN, *, seed: int = 42) -> Dataset:
 def _generated_mnist1d(num_train: int, seed: int) -> Dataset:
     """load_mnist1d's dataset, generated once per process (sweeps build many runs of it); its
     arrays are read-only, so no caller can change another's copy."""
-    try:
+    try:  # imported here: mnist1d is an optional package, needed by this dataset alone
         from mnist1d.data import get_dataset_args, make_dataset
     except ImportError:
         raise FljaxError("dataset mnist1d needs the mnist1d package: pip install "
@@ -111,72 +98,6 @@ def _generated_mnist1d(num_train: int, seed: int) -> Dataset:
         array.flags.writeable = False
     name = "mnist1d" if num_train == MNIST1D_TRAIN else f"mnist1d_{num_train}"
     return Dataset(name, x[:num_train], y[:num_train], x[num_train:], y[num_train:], 10)
-
-
-def _prepare_hint(name: str, data_dir: str) -> str:
-    return (
-        f"prepare it once on a machine with internet: pip install tensorflow && "
-        f"tfds build {name} --data_dir {data_dir} --file_format array_record (fljax never downloads)"
-    )
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _open_split(tfds, name: str, split: str, data_dir: str):
-    """``tfds.data_source`` for one split, with every failure turned into a one-line FljaxError."""
-    try:
-        return tfds.data_source(name, split=split, data_dir=data_dir, download=False, try_gcs=False)
-    except tfds.core.DatasetNotFoundError:
-        raise FljaxError(
-            f"unknown dataset {name!r}: not a tensorflow-datasets name and not found in '{data_dir}' "
-            "(names: https://www.tensorflow.org/datasets/catalog/overview, or 'digits')"
-        ) from None
-    except Exception as err:  # diagnose below: not prepared, wrong file format or bad split
-        try:
-            prepared = tfds.builder(name, data_dir=data_dir).is_prepared()
-        except Exception:
-            prepared = None
-        if prepared is False:
-            raise FljaxError(
-                f"dataset {name!r} is not prepared in '{data_dir}'; {_prepare_hint(name, data_dir)}"
-            ) from err
-        if prepared and isinstance(err, NotImplementedError):
-            raise FljaxError(
-                f"dataset {name!r} in '{data_dir}' is not in a random-access format (array_record); "
-                f"rebuild it: tfds build {name} --data_dir {data_dir} --file_format array_record"
-            ) from err
-        raise FljaxError(
-            f"cannot read split {split!r} of dataset {name!r} from '{data_dir}': {_first_line(err)}"
-        ) from err
-
-
-def _read_split(source, name: str, split: str, image_key: str, label_key: str):
-    """Read a whole data source into (images, labels), in chunks of ``_READ_CHUNK`` records."""
-    images, labels = [], []
-    batched = hasattr(source, "__getitems__")
-    for start in range(0, len(source), _READ_CHUNK):
-        keys = list(range(start, min(start + _READ_CHUNK, len(source))))
-        records: Sequence[dict] | None = None
-        if batched:
-            try:
-                records = source.__getitems__(keys)
-            except TypeError:  # e.g. tfds.testing.mock_data's __getitems__ in tfds 4.9.10
-                batched = False
-        if records is None:
-            records = [source[k] for k in keys]
-        if records and (image_key not in records[0] or label_key not in records[0]):
-            raise FljaxError(
-                f"dataset {name!r} split {split!r} has no {image_key!r}/{label_key!r} features, "
-                f"only {sorted(records[0])}; pass image_key= and label_key="
-            )
-        images.append(np.stack([np.asarray(r[image_key]) for r in records]))
-        labels.append(np.asarray([r[label_key] for r in records]))
-    if not images:
-        raise FljaxError(f"split {split!r} of dataset {name!r} is empty")
-    return np.concatenate(images), np.concatenate(labels)
 
 
 def _to_float_images(x: np.ndarray, name: str, normalize: bool) -> np.ndarray:
@@ -211,16 +132,16 @@ def load_tfds(
     if not os.path.isdir(data_dir):
         raise FljaxError(
             f"dataset {name!r} is not prepared in '{data_dir}' (no such directory); "
-            f"{_prepare_hint(name, data_dir)}"
+            f"{prepare_hint(name, data_dir)}"
         )
     import tensorflow_datasets as tfds  # slow to import: only when a tfds dataset is asked for
 
     arrays = []
     info = None
     for split in (train_split, test_split):
-        source = _open_split(tfds, name, split, data_dir)
+        source = open_split(tfds, name, split, data_dir)
         info = getattr(source, "dataset_info", info)
-        x, y = _read_split(source, name, split, image_key, label_key)
+        x, y = read_split(source, name, split, image_key, label_key)
         arrays += [_to_float_images(x, name, normalize), y.astype(np.int32)]
     x_train, y_train, x_test, y_test = arrays
 
@@ -246,7 +167,7 @@ def load_npz(path: str) -> Dataset:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise FljaxError(f"dataset file {path!r} is not a readable .npz file ({_first_line(e)})") from None
+        raise FljaxError(f"dataset file {path!r} is not a readable .npz file ({first_line(e)})") from None
     missing = [k for k in NPZ_KEYS if k not in arrays]
     if missing:
         raise FljaxError(f"dataset file {path!r} lacks array(s) {missing}; it needs {list(NPZ_KEYS)}")
@@ -292,23 +213,28 @@ _SYNTHETIC = re.compile(r"synthetic_(?:iid|(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?))")
 _MNIST1D = re.compile(r"mnist1d(?:_(\d+))?")
 
 
-def hold_out(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, np.ndarray, np.ndarray]:
-    """(``ds`` without a random ``fraction`` of its training examples, their x, their y): a
-    validation split for tuning, drawn by ``seed``, stratified by nothing (a uniform sample, so
-    every user of a natural dataset keeps about 1 - fraction of its examples)."""
+def validation_split(num_examples: int, fraction: float, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held): ascending ids of the training examples the clients keep and of a random
+    ``fraction`` held out as a validation split for tuning, drawn by ``seed``, stratified by
+    nothing (a uniform sample, so every user of a natural dataset keeps about 1 - fraction of
+    its examples)."""
     if not 0 < fraction < 1:
         raise FljaxError(f"validation_fraction must be in (0, 1) to hold out a split, got "
                          f"{fraction}")
-    order = np.random.default_rng(seed).permutation(len(ds.y_train))
-    held = np.sort(order[:int(round(fraction * len(order)))])
+    order = np.random.default_rng(seed).permutation(num_examples)
+    held = np.sort(order[:int(round(fraction * num_examples))])
     kept = np.sort(order[len(held):])
     if len(held) == 0 or len(kept) == 0:
-        raise FljaxError(f"validation_fraction {fraction} of {len(order)} training examples "
+        raise FljaxError(f"validation_fraction {fraction} of {num_examples} training examples "
                          f"leaves an empty split")
-    users = None if ds.user_train is None else ds.user_train[kept]
-    take = lambda ids: jax.tree.map(lambda a: a[ids], ds.x_train)
-    return (ds._replace(x_train=take(kept), y_train=ds.y_train[kept], user_train=users),
-            take(held), ds.y_train[held])
+    return kept, held
+
+
+def depends_on_seed(name: str) -> bool:
+    """Whether ``load_dataset(name, seed=...)`` gives each seed other data (Planetoid's node
+    split); every other dataset is the same for every seed."""
+    return name.startswith("planetoid/")
 
 
 def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0) -> Dataset:
@@ -341,8 +267,6 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
                              f"(N training examples, a multiple of 8)")
         return load_mnist1d(int(match[1] or MNIST1D_TRAIN))
     if name.startswith("synthetic"):
-        from fljax.data.synthetic import load_synthetic
-
         match = _SYNTHETIC.fullmatch(name)
         if not match:
             raise FljaxError(f"unknown dataset {name!r}: synthetic data is named "
@@ -352,19 +276,13 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
             return load_synthetic(iid=True)
         return load_synthetic(float(match[1]), float(match[2]))
     if name.startswith("leaf/"):
-        from fljax.data.leaf import load_leaf
-
         if data_dir is None:
             raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the LEAF "
                              f"dataset (e.g. leaf/data/{name[5:]})")
         return load_leaf(str(data_dir), name[5:])
     if name == "glue/sst2":
-        from fljax.data.text import load_sst2
-
         return load_sst2(data_dir)
     if name.startswith("planetoid/"):
-        from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
-
         if data_dir is None:
             raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the Planetoid "
                              f"files")
@@ -376,8 +294,6 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
                                              split=SPLITS[name[10:]])
         return dataset._replace(name=name)
     if name.endswith(".npz"):
-        from fljax.data.leaf import load_user_npz
-
         if os.path.isfile(name) and _has_users(name):
             return load_user_npz(name)
         return load_npz(name)

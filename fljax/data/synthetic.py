@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fljax.data.loaders import Dataset
+from fljax.data.dataset import Dataset
 from fljax.errors import FljaxError
 
 DIMENSION = 60

@@ -15,7 +15,8 @@ import unicodedata
 
 import numpy as np
 
-from fljax.data.loaders import Dataset, _first_line, _prepare_hint, _read_split
+from fljax.data.dataset import Dataset
+from fljax.data.tfds_files import first_line, prepare_hint, read_split
 from fljax.errors import FljaxError
 
 MAX_LENGTH = 64           # tokens per sentence, [CLS] and [SEP] included
@@ -89,19 +90,19 @@ def prepared_split(data_dir: str, name: str, split: str):
     """A split of tfds dataset ``name`` prepared (array_record) under ``data_dir/name/VERSION``,
     read through its ``dataset_info.json`` alone: GLUE's builder code needs tensorflow, which
     fljax does not install."""
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # slow to import: only when SST-2 is read
 
     infos = glob.glob(os.path.join(data_dir, name, "*", "dataset_info.json"))
     if not infos:
         raise FljaxError(f"dataset {name!r} is not prepared in {data_dir!r} (no {name}/VERSION/"
-                         f"dataset_info.json); {_prepare_hint(name, data_dir)}")
+                         f"dataset_info.json); {prepare_hint(name, data_dir)}")
     newest = max(infos, key=lambda p: tuple(int(v) for v in re.findall(r"\d+", os.path.basename(
         os.path.dirname(p)))))
     try:
         return tfds.builder_from_directory(os.path.dirname(newest)).as_data_source(split=split)
     except Exception as err:       # a missing split, a wrong file format: say which
         raise FljaxError(f"cannot read split {split!r} of {name!r} in "
-                         f"{os.path.dirname(newest)!r}: {_first_line(err)}") from None
+                         f"{os.path.dirname(newest)!r}: {first_line(err)}") from None
 
 
 def load_sst2(data_dir: str, *, vocab_path: str | None = None,
@@ -117,8 +118,8 @@ def load_sst2(data_dir: str, *, vocab_path: str | None = None,
     data_dir = os.path.expanduser(str(data_dir))
     text = {}
     for split in ("train", "validation"):
-        sentences, labels = _read_split(prepared_split(data_dir, "glue/sst2", split), name,
-                                        split, "sentence", "label")
+        sentences, labels = read_split(prepared_split(data_dir, "glue/sst2", split), name,
+                                       split, "sentence", "label")
         text[split] = ([s.decode("utf-8") if isinstance(s, bytes) else str(s)
                         for s in sentences], labels.astype(np.int32))
     if vocab_path is None and os.path.isfile(os.path.join(data_dir, "vocab.txt")):
