@@ -15,7 +15,7 @@ resumed run repeats an uninterrupted one exactly.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,9 +31,10 @@ from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model
-from fljax.placement import (AXIS, check_shardable, client_mesh, data_specs, device_index,
-                             global_layout, put, shard_data, state_specs)
+from fljax.placement import (AXIS, RUNS, check_shardable, client_mesh, data_specs,
+                             device_index, global_layout, put, shard_data, state_specs)
 from fljax.probes.base import ClientView, EvalView, Population, Probe, RoundView
+from fljax.runs import data_of, hparams_of, run_hparams, stack, stack_data
 
 __all__ = ["AGGREGATIONS", "PARTICIPATIONS", "RoundFunction", "RoundState", "bernoulli_cohort",
            "client_keys", "cohort_weights", "init_state", "local_training", "make_round",
@@ -47,80 +48,174 @@ class RoundState(NamedTuple):
     server_state: Any
     client_states: Any    # every client's state, stacked on a leading axis of num_clients
     probes: Any = {}      # {probe name: (server state, per-client states stacked over N)}
+    hparams: Any = {}     # {name: scalar}: the traced hyperparameters the round builds its
+                          #   algorithm from ({} for an algorithm of Python numbers)
+
+
+AlgorithmOrBuilder = Algorithm | Callable[[Mapping[str, jax.Array]], Algorithm]
 
 
 def init_state(algorithm: Algorithm, params: Params, num_clients: int, seed: int,
-               probes: Sequence[Probe] = ()) -> RoundState:
+               probes: Sequence[Probe] = (), hparams: Mapping[str, jax.Array] | None = None,
+               ) -> RoundState:
     """Round 0: the server's and every client's initial state (as device arrays), and every
     probe's. The state owns fresh copies of ``params``: the round donates its state, and the
-    caller's arrays stay usable (e.g. to start a second algorithm from the same initial model)."""
+    caller's arrays stay usable (e.g. to start a second algorithm from the same initial model).
+    ``hparams``: the values ``algorithm`` was built from, when the round builds it from them."""
+    return _initial_state(algorithm, params, num_clients, jax.random.PRNGKey(seed), probes,
+                          dict(hparams or {}))
+
+
+def _initial_state(algorithm: Algorithm, params: Params, num_clients: int, key: jax.Array,
+                   probes: Sequence[Probe], hparams: dict) -> RoundState:
     params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
     client_state = algorithm.client_init(params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)).copy(),
                            client_state)
-    return RoundState(round=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(seed), params=params,
+    return RoundState(round=jnp.zeros((), jnp.int32), key=key, params=params,
                       server_state=algorithm.server_init(params), client_states=stacked,
-                      probes={p.name: p.init(params, num_clients) for p in probes})
+                      probes={p.name: p.init(params, num_clients) for p in probes},
+                      hparams=hparams)
 
 
 class RoundFunction:
-    """``state, metrics = round_fn(state)``: a jitted, state-donating communication round."""
+    """``state, metrics = round_fn(state)``: a jitted, state-donating communication round.
 
-    def __init__(self, jitted, data: FederatedData, mesh: Mesh | None, algorithm: Algorithm,
-                 model: Model, probes: tuple[Probe, ...]):
+    A batched round (``make_round(..., runs=R)``) advances R runs at once: its state and metrics
+    have a leading run axis, and ``round_fn(state, active)`` leaves the runs whose ``active``
+    entry is False unchanged (a finished or diverged run waiting for the others)."""
+
+    def __init__(self, jitted, data: FederatedData, mesh: Mesh | None,
+                 algorithm: AlgorithmOrBuilder, model: Model, probes: tuple[Probe, ...],
+                 runs: int | None = None, data_axes: Any = None, means: jax.Array | None = None):
         self._jitted = jitted
         self._data = data
+        self._given = algorithm if isinstance(algorithm, Algorithm) else None
+        self._build = _builder(algorithm)
+        self._data_axes = data_axes
+        self._means = means
         self.mesh = mesh
-        self.algorithm = algorithm
         self.model = model
         self.probes = probes
+        self.runs = runs
+        self.num_clients = int(data.count.shape[-1])     # N, of every run
 
-    def __call__(self, state: RoundState) -> tuple[RoundState, dict]:
+    def __call__(self, state: RoundState, active=None) -> tuple[RoundState, dict]:
         if set(state.probes) != {p.name for p in self.probes}:
             raise FljaxError(f"the state holds probes {sorted(state.probes)} but the round runs "
                              f"{sorted(p.name for p in self.probes)}; build the state with "
                              f"round_fn.init_state(...) or init_state(..., probes=...)")
-        return self._jitted(state, self._data)
+        return self._jitted(*self._arguments(state, active))
 
-    def init_state(self, params: Params, seed: int) -> RoundState:
+    def _arguments(self, state: RoundState, active=None) -> tuple:
+        if self.runs is None:
+            return state, self._data
+        active = np.ones(self.runs, bool) if active is None else np.asarray(active, bool)
+        if active.shape != (self.runs,):
+            raise FljaxError(f"active must hold one flag per run ({self.runs}), got shape "
+                             f"{active.shape}")
+        return state, self._data, self._means, active
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The algorithm of a round built from an Algorithm (not from a builder of traced
+        hyperparameters: use ``algorithm_of(state)``)."""
+        if self._given is None:
+            raise FljaxError("this round builds its algorithm from each run's hyperparameters; "
+                             "use round_fn.algorithm_of(state)")
+        return self._given
+
+    def algorithm_of(self, state: RoundState) -> Algorithm:
+        """The algorithm of one run's (unbatched) state, built on the host from its concrete
+        hyperparameters: for what runs outside the round (evaluation models, payloads)."""
+        return self._build(jax.device_get(state.hparams))
+
+    def data_of(self, run: int | None = None) -> FederatedData:
+        """The client data of run ``run`` (of the only run when unbatched)."""
+        if self.runs is None or self._data_axes is None:
+            return self._data
+        return data_of(self._data, self._data_axes, run)
+
+    def init_state(self, params: Params, seed, hparams: Mapping[str, Any] | None = None
+                   ) -> RoundState:
         """The initial state of this round's algorithm and probes, placed for the round: over a
-        mesh, each device builds only its own clients' rows."""
-        build = functools.partial(init_state, self.algorithm, num_clients=self._data.num_clients,
-                                  seed=seed, probes=self.probes)
-        if self.mesh is None:
-            return build(params)
-        params = jax.tree.map(np.asarray, params)     # host values: the same on every process
-        shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
-                                 state_specs(jax.eval_shape(build, params)))
-        return jax.jit(build, out_shardings=shardings)(params)
+        mesh, each device builds only its own clients' rows.
+
+        ``hparams``: the traced hyperparameters ({name: number}) when the round builds its
+        algorithm from them. Batched (``runs=R``): ``params`` is one model for every run or a
+        list of R, ``seed`` a list of R seeds and ``hparams`` {name: [R numbers]}; each run's
+        values are checked on the host (its algorithm is built from them) first."""
+        dtype = jax.tree.leaves(params)[0].dtype if self.runs is None or not isinstance(
+            params, (list, tuple)) else jax.tree.leaves(params[0])[0].dtype
+        if self.runs is None:
+            values = hparams_of(hparams or {}, dtype)
+            algorithm = self._build(values)
+            build = functools.partial(init_state, algorithm, num_clients=self.num_clients,
+                                      seed=seed, probes=self.probes, hparams=values)
+            if self.mesh is None:
+                return build(params)
+            params = jax.tree.map(np.asarray, params)  # host values: the same on every process
+            shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
+                                     state_specs(jax.eval_shape(build, params)))
+            return jax.jit(build, out_shardings=shardings)(params)
+        seeds = list(np.atleast_1d(seed))
+        if len(seeds) != self.runs:
+            raise FljaxError(f"a batch of {self.runs} runs needs {self.runs} seeds, got "
+                             f"{len(seeds)}")
+        per_run = [hparams_of(values, dtype) for values in run_hparams(hparams, self.runs)]
+        for values in per_run:
+            self._build(values)                       # each run's values checked on the host
+        if not isinstance(params, (list, tuple)):
+            params = [params] * self.runs
+        if len(params) != self.runs:
+            raise FljaxError(f"a batch of {self.runs} runs needs one model or {self.runs}, got "
+                             f"{len(params)}")
+        keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
+
+        def one(p, key, values):
+            return _initial_state(self._build(values), p, self.num_clients, key,
+                                  self.probes, values)
+
+        init = jax.vmap(one)
+        if self.mesh is not None:
+            init = jax.jit(init, out_shardings=NamedSharding(self.mesh, P(RUNS)))
+        return jax.jit(init)(stack(params), keys, stack(per_run))
 
     def place(self, state: RoundState) -> RoundState:
         """Put a state where the round expects it: over a mesh, per-client states sharded on the
-        client axis and the rest replicated (``fljax.placement``)."""
+        client axis and the rest replicated (``fljax.placement``); a batch's runs spread over
+        the devices."""
         if self.mesh is None:
             return state
-        return put(state, state_specs(state), self.mesh)
+        return put(state, self._state_specs(state), self.mesh)
+
+    def _state_specs(self, state: RoundState):
+        if self.runs is not None:
+            return jax.tree.map(lambda _: P(RUNS), state)
+        return state_specs(state)
 
     def lower(self, state: RoundState):
         """The round lowered for ``state`` (``.as_text()``, ``.compile()``)."""
-        return self._jitted.lower(state, self._data)
+        return self._jitted.lower(*self._arguments(state))
 
     def flops(self, state: RoundState) -> float:
         """FLOPs of one round as compiled (``fljax.accounting.hlo_flops``; every client slot of a
-        Bernoulli round counted). After a first call this reuses the compiled program."""
-        return hlo_flops(self.lower(state).compile().as_text())
+        Bernoulli round counted; every run of a batch; over a mesh, the program of one device
+        times the devices). After a first call this reuses the compiled program."""
+        devices = 1 if self.mesh is None else self.mesh.size
+        return devices * hlo_flops(self.lower(state).compile().as_text())
 
     def probe_scores(self, state: RoundState, evaluate: Callable[[Params], dict],
-                     out_dir: str | None = None) -> dict[str, float]:
-        """The probes' evaluation-time scores of ``state`` (``Probe.evaluate``; e.g. the mean of
-        all local models, the interaction tensor at its rounds), on the host."""
+                     out_dir: str | None = None, run: int | None = None) -> dict[str, float]:
+        """The probes' evaluation-time scores of ``state`` (one run's: ``run`` of a batch), e.g.
+        the mean of all local models, the interaction tensor at its rounds, on the host."""
         scores = {}
         for probe in self.probes:
             if probe.evaluate is not None:
                 scores.update(probe.evaluate(EvalView(
                     round=int(state.round), state=state, probe_state=state.probes[probe.name],
-                    model=self.model, algorithm=self.algorithm, data=self._data,
-                    evaluate=evaluate, out_dir=out_dir)))
+                    model=self.model, algorithm=self.algorithm_of(state),
+                    data=self.data_of(run), evaluate=evaluate, out_dir=out_dir)))
         return scores
 
     def compilations(self) -> int:
@@ -128,14 +223,31 @@ class RoundFunction:
         return self._jitted._cache_size()
 
 
-def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clients_per_round: int,
+def make_round(algorithm: AlgorithmOrBuilder, model: Model,
+               data: FederatedData | Sequence[FederatedData], *, clients_per_round: int,
                batch_size: int | None, local_steps: int | None = None,
                local_epochs: int | None = None, aggregation: str = "examples",
                client_chunk: int | None = None, num_devices: int = 1,
                augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
                participation: str = "uniform", probes: Sequence[Probe] = (), unroll: int = 1,
-               compute_dtype=None) -> RoundFunction:
+               compute_dtype=None, runs: int | None = None,
+               run_chunk: int | None = None) -> RoundFunction:
     """Compile-ready round of ``algorithm`` training ``model`` on ``data``.
+
+    ``algorithm`` is an Algorithm, or a function ``hparams -> Algorithm`` of the run's
+    hyperparameters ({name: scalar array}, ``RoundState.hparams``, given to ``init_state``): the
+    round builds the algorithm from them while it is traced, so one compiled program serves
+    every value (e.g. ``lambda h: fljax.fedprox(fljax.local_sgd(h["lr"]), mu=h["mu"])``).
+
+    ``runs=R`` trains R independent runs in one program (``fljax.runs``): the state has a
+    leading run axis (``round_fn.init_state(params, seeds, hparams)``), each run has its own
+    seed and hyperparameter values, ``data`` is one FederatedData for every run or a list of R
+    (each run's own split; the runs must have the same number of clients), and the metrics
+    have a leading run axis. Runs go side by side (vmap), ``run_chunk`` at a time (a scan over
+    chunks; default all). Run r of a batch samples the cohorts and batches of the same run
+    alone and reaches the same model up to float rounding. Under vmap a conditional on a
+    per-run value computes both branches: a Bernoulli round trains every slot (not only the
+    chunks that hold someone), and a ``switch`` computes both algorithms' local work.
 
     Local work is exactly one of ``local_steps`` (K steps) or ``local_epochs`` (E passes, i.e.
     E*ceil(n_i/B) steps for client i; clients with fewer steps mask the rest). ``batch_size=None``
@@ -164,51 +276,179 @@ def make_round(algorithm: Algorithm, model: Model, data: FederatedData, *, clien
     cohort; -1 for a Bernoulli slot nobody took), ``client_steps``, ``params_finite``, the cohort
     mean of each of the algorithm's ``client_metrics``, and each probe's metrics.
     """
-    counts = np.asarray(data.count)
+    build = _builder(algorithm)
+    datas = _run_datas(data, runs)
+    counts = np.stack([np.asarray(d.count) for d in datas])
     batch = int(counts.max()) if batch_size is None else batch_size
-    _check_round_args(data.num_clients, clients_per_round, batch, local_steps, local_epochs,
-                      aggregation, num_devices, participation)
+    run_chunk = _check_runs(runs, run_chunk, num_devices)
+    population_devices = num_devices if runs is None else 1   # a batch spreads its runs
+    _check_round_args(counts.shape[1], clients_per_round, batch, local_steps, local_epochs,
+                      aggregation, population_devices, participation)
     probes = _check_probes(probes)
     compute_dtype = _check_compute(unroll, compute_dtype)
     work = local_work(counts, batch, local_steps, local_epochs, unroll)
     bernoulli = participation == "bernoulli"
-    client_chunk = _client_chunk(client_chunk, data.num_clients if bernoulli else
-                                 clients_per_round, clients_per_round, num_devices)
+    client_chunk = _client_chunk(client_chunk, work.num_clients if bernoulli else
+                                 clients_per_round, clients_per_round, population_devices)
     loss_fn = model_loss(model, compute_dtype)
-    run_clients = _cohort_runner(algorithm, probes, work, model, augment, client_chunk,
-                                 bernoulli, clients_per_round, num_devices > 1, loss_fn)
-    mesh = client_mesh(num_devices) if num_devices > 1 else None
-    if mesh is not None:
-        data = put(shard_data(data, num_devices), data_specs(data), mesh)
-    train_cohort = _cohort_on_devices(run_clients, mesh, work, bernoulli)
+    clients = client_mesh(num_devices) if population_devices > 1 else None
+    if clients is not None:
+        datas = [put(shard_data(datas[0], num_devices), data_specs(datas[0]), clients)]
 
-    def round_fn(state: RoundState, data: FederatedData):
+    def round_fn(state: RoundState, data: FederatedData, mean_examples=None):
+        algorithm = build(state.hparams)
+        run_work = work if mean_examples is None else work._replace(mean_examples=mean_examples)
+        run_clients = _cohort_runner(algorithm, probes, run_work, model, augment, client_chunk,
+                                     bernoulli, clients_per_round, clients is not None, loss_fn)
+        train_cohort = _cohort_on_devices(run_clients, clients, run_work, bernoulli)
         sample_key, client_key = round_key(state.key, state.round)
         dtype = jax.tree.leaves(state.params)[0].dtype
         cohort = draw_cohort(sample_key, data.count, clients_per_round=clients_per_round,
                              participation=participation, aggregation=aggregation, dtype=dtype,
-                             num_devices=num_devices)
+                             num_devices=population_devices)
         (client_states, probe_clients), (message, probe_sums), metrics = train_cohort(
             cohort, _rows(state), state.params, state.server_state, state.round, client_key,
             data)
         params, server_state = algorithm.server_update(state.params, state.server_state, message,
                                                        state.round)
-        new_state = RoundState(round=state.round + 1, key=state.key, params=params,
-                               server_state=server_state, client_states=client_states,
-                               probes=state.probes)
+        new_state = state._replace(round=state.round + 1, params=params,
+                                   server_state=server_state, client_states=client_states)
         round_metrics = _round_metrics(params, cohort, metrics, bernoulli)
         if algorithm.observe is not None or probes:
-            if mesh is not None:
-                data = global_layout(data, num_devices)
-            population = _population(work, loss_fn, data, aggregation, dtype, state.round,
+            if clients is not None:
+                data = global_layout(data, population_devices)
+            population = _population(run_work, loss_fn, data, aggregation, dtype, state.round,
                                      cohort.size)
             new_state, observed = _observe(algorithm, probes, state, new_state, cohort,
                                            probe_sums, probe_clients, population)
             round_metrics = _merge(round_metrics, observed)
         return new_state, round_metrics
 
-    return RoundFunction(jax.jit(round_fn, donate_argnums=0), data, mesh, algorithm, model,
-                         probes)
+    if runs is None:
+        return RoundFunction(jax.jit(round_fn, donate_argnums=0), datas[0], clients, algorithm,
+                             model, probes)
+    data, axes = stack_data(datas) if len(datas) > 1 else (datas[0], _shared_axes(datas[0]))
+    means = counts.mean(axis=1)
+    means = None if np.all(means == means[0]) else jnp.asarray(
+        means, jax.dtypes.canonicalize_dtype(jnp.float64))
+    runs_mesh = client_mesh(num_devices, RUNS) if num_devices > 1 else None
+    if runs_mesh is not None:
+        data = put(data, jax.tree.map(lambda axis: P() if axis is None else P(RUNS), axes,
+                                      is_leaf=lambda a: a is None), runs_mesh)
+    batched = _batched(round_fn, axes, means is not None, runs, run_chunk, runs_mesh)
+    return RoundFunction(jax.jit(batched, donate_argnums=0), data, runs_mesh, algorithm, model,
+                         probes, runs, axes if len(datas) > 1 else None, means)
+
+
+def _builder(algorithm: AlgorithmOrBuilder) -> Callable[[Mapping[str, Any]], Algorithm]:
+    """``hparams -> Algorithm``: the given builder, or one returning the given Algorithm."""
+    if isinstance(algorithm, Algorithm):
+        def given(hparams):
+            if hparams:
+                raise FljaxError(f"the round's algorithm {algorithm.name!r} is built already, so "
+                                 f"it takes no hyperparameters, got {sorted(hparams)}; give "
+                                 f"make_round a function of them instead")
+            return algorithm
+        return given
+    if not callable(algorithm):
+        raise FljaxError(f"algorithm must be an Algorithm or a function of the run's "
+                         f"hyperparameters returning one, got {type(algorithm).__name__}")
+
+    def built(hparams):
+        result = algorithm(dict(hparams))
+        if not isinstance(result, Algorithm):
+            raise FljaxError(f"the algorithm builder must return an Algorithm, got "
+                             f"{type(result).__name__}")
+        return result
+    return built
+
+
+def _run_datas(data, runs: int | None) -> list[FederatedData]:
+    """The client data as a list: one for every run, or one per run."""
+    datas = [data] if isinstance(data, FederatedData) else list(data)
+    if not datas or not all(isinstance(d, FederatedData) for d in datas):
+        raise FljaxError("data must be a FederatedData, or a list of one per run")
+    if len(datas) > 1 and len(datas) != runs:
+        raise FljaxError(f"data lists {len(datas)} runs' client data; give one for every run or "
+                         f"one per run (runs={runs})")
+    return datas
+
+
+def _shared_axes(data: FederatedData) -> FederatedData:
+    """Every leaf of ``data`` shared by the runs (vmap axis None)."""
+    return jax.tree.map(lambda _: None, data)
+
+
+def _batched(round_fn: Callable, data_axes: Any, per_run_means: bool, runs: int,
+             run_chunk: int, mesh: Mesh | None) -> Callable:
+    """``(state, data, means, active) -> (state, metrics)`` of R runs: ``round_fn`` over the
+    leading run axis of the state (and of the per-run data and example means), ``run_chunk``
+    runs side by side (vmap) at a time, a scan over the chunks; over a ``mesh`` (axis 'runs')
+    each device takes R/D of the runs. A run whose ``active`` flag is False keeps its state."""
+    axis_leaves, _ = jax.tree.flatten(data_axes, is_leaf=lambda a: a is None)
+
+    def batched(state, data, means, active):
+        leaves, tree = jax.tree.flatten(data)
+        per_run = [a for a, axis in zip(leaves, axis_leaves) if axis is not None]
+
+        def one(xs):
+            run_state, run_leaves, mean = xs
+            mapped = iter(run_leaves)
+            run_data = jax.tree.unflatten(tree, [next(mapped) if axis is not None else a
+                                                 for a, axis in zip(leaves, axis_leaves)])
+            return round_fn(run_state, run_data, mean)
+
+        xs = (state, per_run, means if per_run_means else None)
+        if run_chunk == 1:    # a scan over runs: conditionals stay conditionals, and a run
+            def maybe(xs_active):     # that is not active costs nothing
+                xs, on = xs_active
+                _, metrics_shape = jax.eval_shape(one, xs)
+                idle = lambda: (xs[0], jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
+                                                    metrics_shape))
+                return jax.lax.cond(on, lambda: one(xs), idle)
+            return jax.lax.map(maybe, (xs, active))
+        if run_chunk >= active.shape[0]:
+            new_state, metrics = jax.vmap(one)(xs)
+        else:
+            new_state, metrics = jax.lax.map(one, xs, batch_size=run_chunk)
+        keep = lambda new, old: jnp.where(active.reshape(-1, *(1,) * (new.ndim - 1)), new, old)
+        return jax.tree.map(keep, new_state, state), metrics
+
+    if mesh is None:
+        return batched
+    data_specs_ = jax.tree.map(lambda axis: P() if axis is None else P(RUNS), data_axes,
+                               is_leaf=lambda a: a is None)
+    return jax.shard_map(batched, mesh=mesh,
+                         in_specs=(P(RUNS), data_specs_, P(RUNS) if per_run_means else P(),
+                                   P(RUNS)),
+                         out_specs=(P(RUNS), P(RUNS)), check_vma=False)
+
+
+def _check_runs(runs: int | None, run_chunk: int | None, num_devices: int) -> int | None:
+    """Raise FljaxError on bad ``runs`` / ``run_chunk``; return the chunk (None: unbatched).
+    Default chunk: 1 on CPU (a scan over runs: each runs as fast as alone, and a conditional
+    stays one), every run of a device on GPU (side by side)."""
+    if runs is None:
+        if run_chunk is not None:
+            raise FljaxError(f"run_chunk needs runs (a batch of runs), got run_chunk={run_chunk}")
+        return None
+    if isinstance(runs, bool) or not isinstance(runs, (int, np.integer)) or runs < 1:
+        raise FljaxError(f"runs must be an integer >= 1 or None, got {runs!r}")
+    available = len(jax.devices())
+    if not 1 <= num_devices <= available:
+        raise FljaxError(f"num_devices must be in [1, {available}] (devices available), got "
+                         f"{num_devices}")
+    if runs % num_devices:
+        raise FljaxError(f"a batch of runs is spread over the devices: runs ({runs}) must be a "
+                         f"multiple of num_devices ({num_devices})")
+    per_device = runs // num_devices
+    if run_chunk is None:
+        run_chunk = 1 if jax.default_backend() == "cpu" else per_device
+    if isinstance(run_chunk, bool) or not isinstance(run_chunk, (int, np.integer)) or not (
+            1 <= run_chunk <= per_device):
+        raise FljaxError(f"run_chunk must be an integer in [1, {per_device}] (the runs per "
+                         f"device), got {run_chunk!r}")
+    return int(run_chunk)
 
 
 def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoulli: bool):
@@ -301,15 +541,17 @@ def _rows(state: RoundState):
 
 def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
                local_epochs: int | None, unroll: int = 1) -> LocalWork:
-    """The static shape of local training over clients of sizes ``counts``."""
+    """The static shape of local training over clients of sizes ``counts`` ([N], or [R, N] for
+    R runs: the longest of every run; the mean number of examples is the first run's)."""
+    counts = np.atleast_2d(counts)
     max_count = int(counts.max())
     if local_steps is not None:
         max_steps = local_steps
     else:
         max_steps = local_epochs * int(np.max((counts + batch - 1) // batch))
     return LocalWork(batch=batch, local_steps=local_steps, local_epochs=local_epochs,
-                     max_steps=max_steps, max_count=max_count, num_clients=len(counts),
-                     mean_examples=float(counts.mean()), unroll=int(unroll))
+                     max_steps=max_steps, max_count=max_count, num_clients=counts.shape[1],
+                     mean_examples=float(counts[0].mean()), unroll=int(unroll))
 
 
 def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalWork,

@@ -26,11 +26,13 @@ from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 
 AXIS = "clients"
+RUNS = "runs"      # a batch of runs (``fljax.runs``) is spread over the devices on this axis
 
 
-def client_mesh(num_devices: int) -> Mesh:
-    """The first ``num_devices`` devices (of every process) as a mesh over the client axis."""
-    return Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
+def client_mesh(num_devices: int, axis: str = AXIS) -> Mesh:
+    """The first ``num_devices`` devices (of every process) as a mesh over the client axis (or
+    over ``axis``: RUNS for a batch of runs, R/D runs on each device)."""
+    return Mesh(np.array(jax.devices()[:num_devices]), (axis,))
 
 
 def check_shardable(num_clients: int, num_devices: int) -> None:
