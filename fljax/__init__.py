@@ -35,7 +35,8 @@ _HOMES = {
     "fljax.evaluate": ["make_evaluator"],
     "fljax.experiment": ["Experiment", "build"],
     "fljax.models": ["Model", "from_module", "make_model", "mixture"],
-    "fljax.train": ["results_table", "run"],
+    "fljax.sweep": ["grid_table", "run_grid"],
+    "fljax.train": ["results_table", "run", "run_many"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 _SUBMODULES = ("accounting", "algorithms", "data", "models", "probes", "sweep")

@@ -4,6 +4,7 @@
     fljax algorithms [NAME]                              the algorithms, their hyperparameters
     fljax plot RUN_DIR [RUN_DIR ...] [--out FILE.png]    accuracy and loss curves of runs
     fljax sweep FILE [--scale cpu] [--out-dir DIR]        a paper's table: a grid of runs
+    fljax --seeds 0-9 --set lr=0.05,0.1 [--flag VALUE ...] a grid of runs of one experiment
 
 Every ExperimentConfig field is a flag (``--clients-per-round 10``). Bad values exit with code 2
 and one line naming the value and what is allowed. Ctrl-C exits with code 130 and one line at any
@@ -69,6 +70,14 @@ def _run_parser() -> argparse.ArgumentParser:
     groups["output"].add_argument("--fresh", action="store_true",
                                   help="start over, deleting the checkpoints in --out-dir")
     groups["output"].add_argument("--quiet", action="store_true", help="no progress bar")
+    groups["run"].add_argument("--seeds", metavar="SEEDS",
+                               help="several runs: these seeds (e.g. 0-9 or 0,3,5), each in "
+                                    "OUT_DIR/seed_S, trained together in one program")
+    groups["run"].add_argument("--set", action="append", default=[], metavar="KEY=V1,V2",
+                               help="several runs: a grid over a config key's values (JSON; "
+                                    "dotted keys reach into JSON fields, e.g. "
+                                    "algorithm_args.mu=0.01,0.1), each point in OUT_DIR/POINT")
+    _batch_flags(groups["run"])
     for field in dataclasses.fields(ExperimentConfig):
         flags = ["--" + field.name.replace("_", "-"), *field.metadata["aliases"]]
         text = f"{field.metadata['help']} (default: {_shown(field.default)})".replace("%", "%%")
@@ -117,7 +126,7 @@ def _algorithms(argv: list[str]) -> int:
 
     from fljax import algorithms
     from fljax.config import ALGORITHMS, WRAPPERS
-    from fljax.experiment import hyperparameters
+    from fljax.arguments import settable
 
     parser = _Parser(prog="fljax algorithms", description="List the algorithms and wrappers with "
                      "their hyperparameters, or show one's update rule and hyperparameters.")
@@ -136,7 +145,7 @@ def _algorithms(argv: list[str]) -> int:
             print(title)
             for each in names:
                 doc = inspect.getdoc(getattr(algorithms, each)).split("\n\n")[0]
-                lines = [" ".join(doc.split()), ", ".join(map(setting, hyperparameters(each)))
+                lines = [" ".join(doc.split()), ", ".join(map(setting, settable(each, getattr(algorithms, each))))
                          or "(no hyperparameters)"]
                 print(f"  {each}")
                 for line in lines:
@@ -150,7 +159,8 @@ def _algorithms(argv: list[str]) -> int:
     if name not in ALGORITHMS + WRAPPERS:
         raise FljaxError(f"unknown algorithm or wrapper {name!r}; choose one of "
                          f"{list(ALGORITHMS + WRAPPERS)}")
-    factory, settings = getattr(algorithms, name), hyperparameters(name)
+    factory = getattr(algorithms, name)
+    settings = settable(name, factory)
     flag = "--algorithm-args" if name in ALGORITHMS else f"--wrappers '{{\"{name}\": {{...}}}}'"
     print(f"{name}: {sys.modules[factory.__module__].__doc__.strip()}\n")
     print(f"fljax.algorithms.{name}: {inspect.getdoc(factory)}\n")
@@ -178,15 +188,41 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
+def _batch_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-memory", type=float, metavar="MB",
+                        help="memory a program of runs trained together may take (default: 3/4 "
+                             "of the accelerator's, half of the host's on CPU)")
+    parser.add_argument("--max-runs", type=int, metavar="N",
+                        help="at most N runs in one program (1: one run at a time)")
+
+
+def _run_cells(cell_list, args, spec=None):
+    """Train the cells, those that share a program together; their results by cell."""
+    from fljax import sweep
+    from fljax.train import run_many
+
+    if args.max_runs is not None and args.max_runs < 1:
+        raise FljaxError(f"--max-runs must be >= 1, got {args.max_runs}")
+    if args.batch_memory is not None and args.batch_memory <= 0:
+        raise FljaxError(f"--batch-memory must be > 0 (MB), got {args.batch_memory}")
+    limit = None if args.batch_memory is None else int(args.batch_memory * 2**20)
+    return sweep.run_sweep(
+        cell_list, lambda configs: run_many(configs, progress=not args.quiet,
+                                            fresh=getattr(args, "fresh", False),
+                                            memory_limit=limit),
+        args.max_runs or len(cell_list))
+
+
 def _sweep(argv: list[str]) -> int:
     import jax
 
     from fljax import sweep
-    from fljax.train import RunInterrupted, run, write_file
+    from fljax.train import RunInterrupted, write_file
 
     parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep file (rows x "
                      "columns x seeds; see fljax/sweep.py) and write its table of final test "
-                     "accuracies.")
+                     "accuracies. The cells that differ only in traced hyperparameters and "
+                     "their data train together in one compiled program.")
     parser.add_argument("file")
     parser.add_argument("--scale", help="one of the file's scales (e.g. cpu, full)")
     parser.add_argument("--out-dir", help="where the runs go (default: runs/FILE_NAME)")
@@ -196,6 +232,7 @@ def _sweep(argv: list[str]) -> int:
                              "--set rounds=3 --set dataset=cifar100")
     parser.add_argument("--rows", nargs="+", metavar="ROW", help="run only these rows")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    _batch_flags(parser)
     args = parser.parse_args(argv)
     spec = sweep.load_sweep(args.file)
     name = os.path.splitext(os.path.basename(args.file))[0]
@@ -211,8 +248,7 @@ def _sweep(argv: list[str]) -> int:
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:
-            results = sweep.run_sweep(spec, cell_list,
-                                      lambda config: run(config, progress=not args.quiet))
+            results = _run_cells(cell_list, args)
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130
@@ -229,6 +265,8 @@ def _run(argv: list[str]) -> int:
     from fljax.train import RunInterrupted, results_table, run
 
     config, args = config_from_args(argv)
+    if args.seeds is not None or args.set:
+        return _grid(config, args)
     try:
         evaluations = run(config, progress=not args.quiet, fresh=args.fresh)
     except RunInterrupted as e:
@@ -244,9 +282,42 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
+def _grid(config, args) -> int:
+    """``fljax --seeds 0-9 --set lr=0.05,0.1``: the run at every grid point for every seed, those
+    sharing a program trained together, and a table of each point's mean +- std."""
+    from fljax import sweep
+    from fljax.train import RunInterrupted, write_file
+
+    seeds = sweep.parse_seeds(args.seeds) if args.seeds is not None else [config.seed]
+    cell_list = sweep.grid_cells(config, seeds, sweep.parse_grid(args.set))
+    try:
+        results = _run_cells(cell_list, args)
+    except RunInterrupted as e:
+        print(f"fljax: {e}", file=sys.stderr)
+        return 130
+    with _ctrl_c_exits("interrupted after the runs finished; everything is saved"):
+        text = (f"{config.algorithm} on {config.dataset}, {len(seeds)} seed(s) per setting; "
+                f"runs in {config.out_dir}\n\n" + sweep.grid_table(results))
+        write_file(os.path.join(config.out_dir, "results.md"), text + "\n")
+        print(text)
+    return 0
+
+
+def _cpu_devices_for_runs() -> None:
+    """Runs trained together are spread over the devices: on a CPU host, make one XLA device per
+    core (before JAX starts; nothing if it runs already or XLA_FLAGS sets a count)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "jax" in sys.modules or "xla_force_host_platform_device_count" in flags:
+        return
+    os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
+                               f"{os.cpu_count() or 1}").strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv``; returns the exit code (2: bad input, 130: Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sweep"] or any(a.split("=")[0] in ("--seeds", "--set") for a in argv):
+        _cpu_devices_for_runs()
     with _ctrl_c_exits("interrupted during start-up; nothing was written"):
         try:
             commands = {"algorithms": _algorithms, "plot": _plot, "sweep": _sweep}

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import optax
 
+from fljax import algorithms
+from fljax.arguments import check_kwargs, settable
 from fljax.data.augment import AUGMENTATIONS
 from fljax.engine import PARTICIPATIONS
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
+from fljax.probes import PROBES
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
@@ -242,33 +247,20 @@ class ExperimentConfig:
             raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
-        for name in ("server_optimizer_args", "algorithm_args", "switch_args", "wrappers",
-                     "probe_args", "switch_when"):
-            json_object(name, getattr(self, name))
-        if json_object("switch_when", self.switch_when) and (self.switch_to is None
-                                                             or self.switch_at != 0):
-            raise FljaxError(f"switch_when needs switch_to (the second algorithm) and no "
-                             f"switch_at, got switch_to={self.switch_to!r}, "
-                             f"switch_at={self.switch_at}")
-        from fljax.probes import PROBES
-        unknown = sorted(set(self.probe_names()) - set(PROBES))
-        if unknown:
-            raise FljaxError(f"unknown probe(s) {unknown}; allowed: {sorted(PROBES)}")
-        unused = sorted(set(json_object("probe_args", self.probe_args)) - set(self.probe_names()))
-        if unused:
-            raise FljaxError(f"probe_args names {unused}, which are not in probes "
-                             f"{self.probe_names()}")
         if not 0 <= self.validation_fraction < 1:
             raise FljaxError(f"validation_fraction must be in [0, 1), got "
                              f"{self.validation_fraction}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise FljaxError(f"target_accuracy must be in (0, 1] or unset, got "
                              f"{self.target_accuracy}")
-        unknown = sorted(set(json_object("wrappers", self.wrappers)) - set(WRAPPERS))
-        if unknown:
-            raise FljaxError(f"unknown wrapper(s) {unknown}; allowed: {list(WRAPPERS)}")
-        server_optimizer_factory(self.server_optimizer)
+        self.options                # the JSON-valued fields, parsed and checked
         return self
+
+    @functools.cached_property
+    def options(self) -> "Options":
+        """The JSON-valued fields parsed and checked against the factories they are for (computed
+        once; a bad value is a one-line FljaxError naming it)."""
+        return parse_options(self)
 
     def probe_names(self) -> list[str]:
         """The names in ``probes``, in order."""
@@ -339,6 +331,99 @@ def server_optimizer_factory(name: str):
         raise FljaxError(f"unknown server optimizer {name!r}; use an optax optimizer name such "
                          f"as 'sgd', 'adam', 'yogi', 'adagrad'")
     return factory
+
+
+class Options(NamedTuple):
+    """The JSON-valued fields of an ExperimentConfig as checked Python values."""
+
+    algorithm_args: dict[str, Any]
+    switch_args: dict[str, Any]
+    switch_when: dict[str, Any]
+    wrappers: dict[str, dict[str, Any]]          # in WRAPPERS order
+    server_optimizer: Callable[..., optax.GradientTransformation]
+    server_optimizer_args: dict[str, Any]
+    probes: tuple[str, ...]
+    probe_args: dict[str, dict[str, Any]]
+
+
+# Probe arguments the experiment supplies (a value here stands for the experiment's own), and
+# extra ones it reads: the interaction tensor's points are the first num_points test examples;
+# switching_criterion's optimum and smoothness may be computed ("centralized", "estimate").
+PROBE_SUPPLIED = {"interaction_tensor": ("points",), "switching_criterion": ("alpha",)}
+PROBE_EXTRAS = {"interaction_tensor": {"num_points": int}}
+PROBE_WORDS = {("switching_criterion", "optimum"): "centralized",
+               ("switching_criterion", "smoothness"): "estimate"}
+
+
+def parse_options(config: ExperimentConfig) -> Options:
+    """Parse the JSON-valued fields of ``config`` and check each against its factory's
+    signature (``fljax.arguments``); FljaxError names the first bad one."""
+    def arguments(name: str, factory: Callable, args: dict, what: str):
+        check_kwargs(f"{what} {name!r}", settable(name, factory), args)
+        return args
+
+    algorithm_args = arguments(config.algorithm, getattr(algorithms, config.algorithm),
+                               json_object("algorithm_args", config.algorithm_args), "algorithm")
+    switch_args = json_object("switch_args", config.switch_args)
+    if config.switch_to is not None:
+        arguments(config.switch_to, getattr(algorithms, config.switch_to), switch_args,
+                  "algorithm")
+    switch_when = json_object("switch_when", config.switch_when)
+    if switch_when and (config.switch_to is None or config.switch_at != 0):
+        raise FljaxError(f"switch_when needs switch_to (the second algorithm) and no "
+                         f"switch_at, got switch_to={config.switch_to!r}, "
+                         f"switch_at={config.switch_at}")
+    if switch_when:
+        probe_arguments("switching_criterion", PROBES["switching_criterion"], switch_when,
+                        "switch_when")
+    given = json_object("wrappers", config.wrappers)
+    unknown = sorted(set(given) - set(WRAPPERS))
+    if unknown:
+        raise FljaxError(f"unknown wrapper(s) {unknown}; allowed: {list(WRAPPERS)}")
+    wrappers = {}
+    for name in (w for w in WRAPPERS if w in given):
+        if not isinstance(given[name], dict):
+            raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
+                             f"{given[name]!r}")
+        wrappers[name] = arguments(name, getattr(algorithms, name), given[name], "wrapper")
+    factory = server_optimizer_factory(config.server_optimizer)
+    server_args = json_object("server_optimizer_args", config.server_optimizer_args)
+    if "learning_rate" in server_args:
+        raise FljaxError(f"server_optimizer_args sets learning_rate "
+                         f"({json.dumps(server_args['learning_rate'])}), which --server-lr sets; "
+                         f"give it once, as server_lr")
+    check_kwargs(f"server optimizer {config.server_optimizer!r}",
+                 list(inspect.signature(factory).parameters.values()), server_args,
+                 supplied=("learning_rate",))
+    probes = tuple(config.probe_names())
+    unknown = sorted(set(probes) - set(PROBES))
+    if unknown:
+        raise FljaxError(f"unknown probe(s) {unknown}; allowed: {sorted(PROBES)}")
+    probe_args = json_object("probe_args", config.probe_args)
+    unused = sorted(set(probe_args) - set(probes))
+    if unused:
+        raise FljaxError(f"probe_args names {unused}, which are not in probes {list(probes)}")
+    for name in probes:
+        probe_arguments(name, PROBES[name], probe_args.setdefault(name, {}), "probe")
+    return Options(algorithm_args, switch_args, switch_when, wrappers, factory, server_args,
+                   probes, probe_args)
+
+
+def probe_arguments(name: str, factory: Callable, args: dict, what: str) -> None:
+    """Check a probe's JSON arguments: its factory's, those the experiment supplies, its extras
+    and the words that stand for a computed value (PROBE_WORDS)."""
+    if not isinstance(args, dict):
+        raise FljaxError(f"{what} {name!r} takes a JSON object of arguments, got {args!r}")
+    extras = PROBE_EXTRAS.get(name, {})
+    for key, kind in extras.items():
+        if key in args and (isinstance(args[key], bool) or not isinstance(args[key], kind)):
+            raise FljaxError(f"{what} {name!r}: {key} must be an integer, got "
+                             f"{json.dumps(args[key])}")
+    checked = {k: v for k, v in args.items()
+               if k not in extras and PROBE_WORDS.get((name, k)) != v}
+    check_kwargs(f"{what} {name!r}", list(inspect.signature(factory).parameters.values()),
+                 checked, supplied=PROBE_SUPPLIED.get(name, ()) + tuple(
+                     k for k in args if (name, k) in PROBE_WORDS))
 
 
 def load_config(path: str, **overrides) -> ExperimentConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -24,13 +25,14 @@ def batch_scores(model: Model, params: Params, x, y: jax.Array,
     return correct, jnp.sum(losses * weights), weights.sum()
 
 
-def make_evaluator(model: Model, x, y: np.ndarray, batch_size: int = 1024
-                   ) -> Callable[[Params], dict[str, jax.Array]]:
+def make_evaluator(model: Model, x, y: np.ndarray, batch_size: int = 1024,
+                   like: Callable | None = None) -> Callable[[Params], dict[str, jax.Array]]:
     """``evaluate(params) -> {'accuracy', 'loss'}`` over all of (x, y), scanned in fixed batches:
     the accuracy and mean loss over every scored label (one per example, or per position).
 
     ``x`` is an array or a dict of arrays with a leading example axis. The data is padded once
-    to a multiple of the batch; padded examples carry zero weight.
+    to a multiple of the batch; padded examples carry zero weight. ``like``: an evaluator of the
+    same model whose compiled program this one shares (the data are its arguments).
     """
     n = len(y)
     batch_size = min(batch_size, n)
@@ -55,4 +57,5 @@ def make_evaluator(model: Model, x, y: np.ndarray, batch_size: int = 1024
         scored = jnp.maximum(scored, 1.0)
         return {"accuracy": correct / scored, "loss": loss / scored}
 
-    return lambda params: evaluate(params, x_b, y_b, mask_b)
+    program = evaluate if like is None else like.func
+    return functools.partial(program, x_b=x_b, y_b=y_b, mask_b=mask_b)

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import inspect
-import json
-import math
-import types
-import typing
-from typing import Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import numpy as np
 
 from fljax import algorithms, probes
-from fljax.config import (ALGORITHMS, FULL_BATCH, WRAPPERS, ExperimentConfig, json_object,
-                          server_optimizer_factory)
+from fljax.config import FULL_BATCH, ExperimentConfig
 from fljax.data import loaders, partition
+from fljax.data.dataset import Dataset
 from fljax.data.augment import named_augmentation
-from fljax.data.federated import FederatedData, federate
+from fljax.data.federated import FederatedData, federate, with_parts
 from fljax.data.users import split_users
 from fljax.engine import RoundFunction, RoundState, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
+from fljax.grouping import traced_keys
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
@@ -33,7 +30,7 @@ from fljax.probes import Probe
 
 class Experiment(NamedTuple):
     config: ExperimentConfig
-    dataset: loaders.Dataset
+    dataset: Dataset
     data: FederatedData
     model: Model
     algorithm: algorithms.Algorithm
@@ -42,6 +39,7 @@ class Experiment(NamedTuple):
     initial_state: Callable[[], RoundState]
     evaluate_users: Callable | None = None   # personalized evaluation (fljax.personalize)
     evaluate_validation: Callable | None = None   # the held-out validation split (tuning)
+    initial_params: Callable[[], Any] | None = None   # the run's initial model
 
 
 def split_clients(config: ExperimentConfig, labels: np.ndarray,
@@ -71,174 +69,107 @@ def split_clients(config: ExperimentConfig, labels: np.ndarray,
                                         seed=config.seed)
 
 
-def algorithm_factories() -> dict[str, Callable[..., algorithms.Algorithm]]:
-    """Every algorithm the CLI knows, by name (the keys of config.ALGORITHMS)."""
-    return {name: getattr(algorithms, name) for name in ALGORITHMS}
-
-
-# What the CLI fills in rather than --algorithm-args: besides a factory's first argument (the local
-# optimizer, the learning rate, or the wrapped algorithm), these arguments, and lbsgd's SGD flags.
-FILLED = ("model", "server_lr", "server_optimizer", "name")
 LBSGD_FLAGS = ("weight_decay", "momentum", "clip_norm")
-# gradual_unfreezing takes units of parameter groups; the CLI builds them from this argument.
-UNIT = inspect.Parameter("unit", inspect.Parameter.KEYWORD_ONLY, default="M", annotation="str")
 
 
-def hyperparameters(name: str) -> list[inspect.Parameter]:
-    """The arguments of algorithm or wrapper ``name`` (config.ALGORITHMS, config.WRAPPERS) that
-    one sets in --algorithm-args or --wrappers, from its factory's signature (a required one has
-    no default)."""
-    parameters = list(inspect.signature(getattr(algorithms, name)).parameters.values())[1:]
-    if name == "gradual_unfreezing":
-        parameters = [UNIT, *parameters[1:]]
-    filled = FILLED + (LBSGD_FLAGS if name == "lbsgd" else ())
-    return [p for p in parameters if p.name not in filled and p.kind != p.VAR_KEYWORD]
-
-
-def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig,
-                   model: Model) -> algorithms.Algorithm:
-    """Call the factory ``name`` with the config's local optimizer and ``kwargs``.
+def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Model,
+                   values: Mapping[str, Any] | None = None) -> algorithms.Algorithm:
+    """Call the factory ``name`` with the config's local optimizer and ``kwargs`` (checked when
+    the config was validated). ``values``: config keys whose value replaces the config's (traced
+    hyperparameters, ``fljax.grouping``): 'lr', 'server_lr', ... and for ``kwargs`` the key
+    ``KWARGS_FIELD.NAME`` (e.g. 'algorithm_args.mu') as ``field`` names it.
 
     What a factory takes beyond its hyperparameters is filled in from the experiment: ``model``
-    (feature regularizers), ``server_lr`` and
-    ``server_optimizer`` (from --server-lr / --server-optimizer) unless given in ``kwargs``.
-    The full-batch algorithms (FedSGD, large-batch SGD) take the lr and SGD settings directly.
+    (feature regularizers), ``server_lr`` and ``server_optimizer`` (from --server-lr /
+    --server-optimizer). The full-batch algorithms (FedSGD, large-batch SGD) take the lr and SGD
+    settings directly.
     """
-    factory = algorithm_factories()[name]
+    value = _lookup(config, values)
+    factory = getattr(algorithms, name)
     if name == "fedsgd":
-        return call(name, factory, [config.lr], kwargs, {})
+        return factory(value("lr"), **kwargs)
     if name == "lbsgd":
-        sgd = {key: getattr(config, key) for key in LBSGD_FLAGS}
-        return call(name, factory, [config.lr], {**sgd, **kwargs}, {})
-    local = algorithms.local_sgd(config.lr, round_decay=config.lr_decay, momentum=config.momentum,
-                                 weight_decay=config.weight_decay, clip_norm=config.clip_norm)
+        return factory(value("lr"), **{key: value(key) for key in LBSGD_FLAGS}, **kwargs)
+    local = algorithms.local_sgd(value("lr"), round_decay=value("lr_decay"),
+                                 momentum=value("momentum"), weight_decay=value("weight_decay"),
+                                 clip_norm=value("clip_norm"))
     accepted = inspect.signature(factory).parameters
-    extras = {"model": model, "server_lr": config.server_lr}
+    extras = {"model": model, "server_lr": value("server_lr")}
     extras = {k: v for k, v in extras.items() if k in accepted}
-    if "server_optimizer" in accepted and "server_optimizer" not in kwargs:
-        extras["server_optimizer"] = call(
-            config.server_optimizer, server_optimizer_factory(config.server_optimizer), [],
-            json_object("server_optimizer_args", config.server_optimizer_args),
-            {"learning_rate": config.server_lr}, kind="server optimizer")
-    return call(name, factory, [local], kwargs, extras)
+    if "server_optimizer" in accepted:
+        server_args = {k: value(f"server_optimizer_args.{k}")
+                       for k in config.options.server_optimizer_args}
+        extras["server_optimizer"] = config.options.server_optimizer(
+            learning_rate=value("server_lr"), **server_args)
+    return factory(local, **extras, **kwargs)
 
 
-def call(name: str, factory: Callable[..., algorithms.Algorithm], args: list, kwargs: dict,
-         extras: dict, kind: str = "algorithm") -> algorithms.Algorithm:
-    """``factory(*args, **extras, **kwargs)``, with ``kwargs`` (hyperparameters, from JSON) checked
-    first: one that it does not take, one it needs and was not given, one of the wrong type (by
-    the parameter's annotation, else its default) or a NaN or infinite number is a one-line
-    FljaxError naming it (and listing the allowed ones)."""
-    parameters = list(inspect.signature(factory).parameters.values())[len(args):]
-    allowed = [p.name for p in parameters
-               if p.kind != p.VAR_KEYWORD and p.name not in ("name", "model")]
-    unknown = sorted(kwargs.keys() - set(allowed))
-    missing = [p.name for p in parameters if p.default is p.empty
-               and p.name not in kwargs and p.name not in extras]
-    if unknown or missing:
-        what = (f"does not take {unknown}" if unknown else
-                f"needs {missing} in its arguments")
-        raise FljaxError(f"{kind} {name!r} {what}; its hyperparameters are {allowed}")
-    for parameter in parameters:
-        if parameter.name in kwargs:
-            check_value(f"{kind} {name!r}", parameter, kwargs[parameter.name])
-    return factory(*args, **{**extras, **kwargs})
+def _lookup(config: ExperimentConfig, values: Mapping[str, Any] | None):
+    """``value(key)``: ``values[key]`` if given, else the config's (a field, or a dotted key of a
+    JSON-valued field's argument)."""
+    values = values or {}
+    flat = None
+
+    def value(key: str):
+        nonlocal flat
+        if key in values:
+            return values[key]
+        if "." not in key:
+            return getattr(config, key)
+        if flat is None:
+            from fljax.grouping import values as config_values
+            flat = config_values(config)
+        return flat[key]
+
+    return value
 
 
-# The JSON values a type named in an annotation admits.
-JSON_TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,),
-              "None": (type(None),), "NoneType": (type(None),)}
+def _args(config: ExperimentConfig, field: str, args: dict, values) -> dict:
+    """``args`` (the JSON arguments of ``field``) with the traced ones of ``values``."""
+    return {k: (values or {}).get(f"{field}.{k}", v) for k, v in args.items()}
 
 
-def check_value(what: str, parameter: inspect.Parameter, value) -> None:
-    """Raise FljaxError unless ``value`` (read from JSON) suits ``parameter``: its type is one the
-    annotation names (bool, int, float, str, None; ints pass as floats; true is no number), or
-    that of its default when the annotation names none of them; a float must be finite.
-    Annotations naming ``Any``, or no such type and no such default, admit any value, and so does
-    a check of a value JSON cannot hold (the experiment supplied it, e.g. an array)."""
-    if not isinstance(value, (bool, int, float, str, type(None), list, dict)):
-        return   # not from JSON: supplied by the experiment (e.g. an array)
-    names = [] if parameter.annotation is parameter.empty else alternatives(parameter.annotation)
-    kinds = {t for n in names for t in JSON_TYPES.get(n, ())}
-    if "Any" in names:
-        kinds = set()
-    elif not kinds and type(parameter.default) in (bool, int, float, str):
-        kinds = set(JSON_TYPES[type(parameter.default).__name__])
-    if int in kinds:
-        kinds.discard(bool)   # array-like annotations name bool too; a JSON true is no number
-    if kinds and (not isinstance(value, tuple(kinds))
-                  or (isinstance(value, bool) and bool not in kinds)):
-        allowed = [text for kind, text in ((float, "a number"), (int, "an integer"),
-                                           (bool, "true or false"), (str, "a string"),
-                                           (type(None), "null"))
-                   if kind in kinds and not (kind is int and float in kinds)]
-        raise FljaxError(f"{what}: {parameter.name} must be {' or '.join(allowed)}, got "
-                         f"{json.dumps(value)}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise FljaxError(f"{what}: {parameter.name} must be a finite number, got {value}")
-
-
-def alternatives(annotation) -> list[str]:
-    """The type names an annotation allows: ``'float | None'`` (text, as under ``from __future__
-    import annotations``) or ``Optional[float]`` give ``['float', 'None']``; a name keeps its
-    brackets (``'Sequence[int]'``)."""
-    if not isinstance(annotation, str):
-        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-        return [getattr(a, "__name__", str(a))
-                for a in (typing.get_args(annotation) if union else (annotation,))]
-    names, depth, start = [], 0, 0
-    for i, char in enumerate(annotation):
-        depth += (char == "[") - (char == "]")
-        if char == "|" and depth == 0:
-            names.append(annotation[start:i].strip())
-            start = i + 1
-    return names + [annotation[start:].strip()]
-
-
-def wrap(algorithm: algorithms.Algorithm, wrappers: dict,
-         model: Model) -> algorithms.Algorithm:
+def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model,
+         values: Mapping[str, Any] | None = None) -> algorithms.Algorithm:
     """Apply the config's wrappers (WRAPPERS order): FedBug's gradual unfreezing (``fraction``,
     ``unit`` 'M' or 'B' for ResNets, ``order``, ``frozen_last``), FedDecay's local decay
     (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``), FedBN
     (``{}``: the model's normalization layers stay local)."""
-    for wrapper in WRAPPERS:
-        if wrapper not in wrappers:
-            continue
-        if not isinstance(wrappers[wrapper], dict):
-            raise FljaxError(f"wrapper {wrapper!r} takes a JSON object of arguments, got "
-                             f"{wrappers[wrapper]!r}")
-        args = dict(wrappers[wrapper])
+    for wrapper, given in config.options.wrappers.items():
+        args = _args(config, f"wrappers.{wrapper}", given, values)
         leading = [algorithm]
         if wrapper == "gradual_unfreezing":
-            leading.append(unfreeze_units(model, args.pop(UNIT.name, UNIT.default)))
+            leading.append(unfreeze_units(model, args.pop("unit", "M")))
         if wrapper == "fedbn":
             leading.append(jax.eval_shape(model.init, jax.random.key(0)))
-        algorithm = call(wrapper, getattr(algorithms, wrapper), leading, args, {},
-                         kind="wrapper")
+        algorithm = getattr(algorithms, wrapper)(*leading, **args)
     return algorithm
 
 
-def build_algorithm(config: ExperimentConfig, model: Model,
-                    data: FederatedData | None = None) -> algorithms.Algorithm:
+def build_algorithm(config: ExperimentConfig, model: Model, data: FederatedData | None = None,
+                    values: Mapping[str, Any] | None = None) -> algorithms.Algorithm:
     """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` (or when
     Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, carrying the state
-    over if ``switch_carry_state``, with the config's wrappers."""
+    over if ``switch_carry_state``, with the config's wrappers. ``values``: config keys whose value
+    replaces the config's, e.g. traced hyperparameters ({'lr': ..., 'algorithm_args.mu': ...})."""
+    options = config.options
     algorithm = make_algorithm(config.algorithm,
-                               json_object("algorithm_args", config.algorithm_args),
-                               config, model)
+                               _args(config, "algorithm_args", options.algorithm_args, values),
+                               config, model, values)
     if config.switch_to is not None:
-        then = make_algorithm(config.switch_to, json_object("switch_args", config.switch_args),
-                              config, model)
-        when = json_object("switch_when", config.switch_when)
-        if when:
-            criterion = call("switching_criterion", probes.switching_criterion, [],
-                             criterion_args(when, config, model, data), {}, kind="switch_when")
+        then = make_algorithm(config.switch_to,
+                              _args(config, "switch_args", options.switch_args, values), config,
+                              model, values)
+        if options.switch_when:
+            criterion = probes.switching_criterion(
+                **criterion_args(options.switch_when, config, model, data))
             algorithm = algorithms.switch(algorithm, then, when=criterion,
                                           carry_state=config.switch_carry_state)
         else:
-            algorithm = algorithms.switch(algorithm, then, config.switch_at,
+            algorithm = algorithms.switch(algorithm, then,
+                                          (values or {}).get("switch_at", config.switch_at),
                                           carry_state=config.switch_carry_state)
-    return wrap(algorithm, json_object("wrappers", config.wrappers), model)
+    return wrap(algorithm, config, model, values)
 
 
 def criterion_args(args: dict, config: ExperimentConfig, model: Model,
@@ -253,20 +184,19 @@ def criterion_args(args: dict, config: ExperimentConfig, model: Model,
         args["optimum"] = probes.centralized_optimum(model, data, initial)
     if args.get("smoothness") == "estimate":
         args["smoothness"] = probes.smoothness(model, data, initial)
-    args.setdefault("alpha", json_object("algorithm_args", config.algorithm_args).get(
+    args.setdefault("alpha", config.options.algorithm_args.get(
         "alpha", inspect.signature(algorithms.feddyn).parameters["alpha"].default))
     return args
 
 
-def build_probes(config: ExperimentConfig, dataset: loaders.Dataset, model: Model,
+def build_probes(config: ExperimentConfig, dataset: Dataset, model: Model,
                  data: FederatedData) -> list[Probe]:
     """The probes the config names, with their --probe-args. What a probe needs from the
     experiment is filled in unless given: the interaction tensor's ``points`` (the first
     ``num_points`` test images, default 1000); the switching criterion's as ``criterion_args``."""
-    args_of = json_object("probe_args", config.probe_args)
     result = []
-    for name in config.probe_names():
-        args = dict(args_of.get(name, {}))
+    for name in config.options.probes:
+        args = dict(config.options.probe_args.get(name, {}))
         if name == "interaction_tensor":
             args.setdefault("points", dataset.x_test[:args.pop("num_points", 1000)])
         if name == "switching_criterion":
@@ -274,30 +204,42 @@ def build_probes(config: ExperimentConfig, dataset: loaders.Dataset, model: Mode
         if name == "cosine_to" and isinstance(args.get("reference"), str):
             raise FljaxError("cosine_to needs per-client reference pseudo-gradients: use the "
                              "Python API (fljax.probes.cosine_to(last_pseudo_gradients(state)))")
-        result.append(call(name, probes.PROBES[name], [], args, {}, kind="probe"))
+        result.append(probes.PROBES[name](**args))
     return result
 
 
-def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None) -> Experiment:
+def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None,
+          shared: dict | None = None) -> Experiment:
     """Load and split the data, build model, algorithm, round function and evaluator.
 
     ``algorithm`` replaces the one the config names (a new algorithm under research); local work,
-    data and everything else still come from the config.
+    data and everything else still come from the config. ``shared``: what experiments of one
+    batch (``build_batch``) load and build once: the dataset, its examples on the device, the
+    model and the test-set evaluator.
     """
     config.validate()
-    dataset = loaders.load_dataset(config.dataset, data_dir=config.data_dir,
-                                   num_clients=config.num_clients, seed=config.seed)
-    validation = None
+    shared = {} if shared is None else shared
+    source = (config.dataset, config.data_dir, config.num_clients,
+              config.seed if loaders.depends_on_seed(config.dataset) else None)
+    if ("dataset", source) not in shared:
+        shared["dataset", source] = loaders.load_dataset(
+            config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
+            seed=config.seed)
+    dataset = shared["dataset", source]
+    kept, validation = np.arange(len(dataset.y_train)), None
     if config.validation_fraction > 0:
-        dataset, *validation = loaders.hold_out(dataset, config.validation_fraction, config.seed)
-    if config.num_clients > len(dataset.y_train):
+        kept, held = loaders.validation_split(len(dataset.y_train), config.validation_fraction,
+                                              config.seed)
+        take = lambda ids: jax.tree.map(lambda a: a[ids], dataset.x_train)
+        validation = (take(held), dataset.y_train[held])
+    if config.num_clients > len(kept):
         raise FljaxError(f"num_clients ({config.num_clients}) must be <= the number of training "
-                         f"examples ({len(dataset.y_train)})")
-    if config.batch_size > len(dataset.y_train):
+                         f"examples ({len(kept)})")
+    if config.batch_size > len(kept):
         raise FljaxError(f"batch_size ({config.batch_size}) must be <= the number of training "
-                         f"examples ({len(dataset.y_train)}), or 0 for each client's whole "
-                         f"local dataset")
-    parts = split_clients(config, dataset.y_train, dataset.user_train)
+                         f"examples ({len(kept)}), or 0 for each client's whole local dataset")
+    users_of = None if dataset.user_train is None else dataset.user_train[kept]
+    parts = [kept[p] for p in split_clients(config, dataset.y_train[kept], users_of)]
     users = None
     if config.user_test_fraction > 0:
         users = split_users(parts, new_fraction=config.new_users, seed=config.seed,
@@ -308,29 +250,25 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "
                              f"{len(parts)} existing users (num_clients={config.num_clients} "
                              f"less the new_users={config.new_users} held out)")
-    data = federate(dataset.x_train, dataset.y_train, parts, dataset.num_classes)
-    model = make_model(config.model, jax.tree.map(lambda a: a[0], dataset.x_train),
-                       dataset.num_classes, conv_impl=config.conv_impl)
-    if "moon" in (config.algorithm, config.switch_to):
-        model = with_projection_head(model)
-    if "fedem" in (config.algorithm, config.switch_to):
-        model = mixture(model, json_object("algorithm_args", config.algorithm_args).get(
-            "num_components", inspect.signature(algorithms.fedem).parameters[
-                "num_components"].default))
+    if ("examples", source) in shared:        # the examples on the device once, every split
+        data = with_parts(shared["examples", source], parts)
+    else:
+        data = shared["examples", source] = federate(dataset.x_train, dataset.y_train, parts,
+                                                     dataset.num_classes)
+    model_key = ("model", source, config.model, config.conv_impl, config.algorithm,
+                 config.switch_to, config.options.algorithm_args.get("num_components"))
+    if model_key not in shared:
+        shared[model_key] = experiment_model(config, dataset)
+    model = shared[model_key]
     algorithm = algorithm or build_algorithm(config, model, data)
-    full_batch = config.algorithm in FULL_BATCH
-    round_fn = make_round(
-        algorithm, model, data, clients_per_round=config.clients_per_round,
-        batch_size=None if full_batch or config.batch_size == 0 else config.batch_size,
-        local_steps=1 if full_batch else config.local_steps,
-        local_epochs=None if full_batch else config.local_epochs,
-        aggregation=config.aggregation, client_chunk=config.client_chunk,
-        num_devices=config.num_devices, augment=named_augmentation(config.augment),
-        participation=config.participation,
-        probes=build_probes(config, dataset, model, data), unroll=config.unroll,
-        compute_dtype=config.compute_dtype)
-    evaluate = make_evaluator(model, dataset.x_test, dataset.y_test)
-    evaluate_validation = None if validation is None else make_evaluator(model, *validation)
+    round_fn = make_round(algorithm, model, data, **round_settings(config),
+                          num_devices=config.num_devices,
+                          probes=build_probes(config, dataset, model, data))
+    if ("evaluate", model_key) not in shared:
+        shared["evaluate", model_key] = make_evaluator(model, dataset.x_test, dataset.y_test)
+    evaluate = shared["evaluate", model_key]
+    evaluate_validation = None if validation is None else make_evaluator(
+        model, *validation, like=shared.setdefault(("validation", model_key), evaluate))
 
     def initial_params():
         params = model.init(jax.random.PRNGKey(config.seed))
@@ -361,4 +299,103 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         return round_fn.init_state(initial_params(), config.seed)
 
     return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
-                      evaluate_users, evaluate_validation)
+                      evaluate_users, evaluate_validation, initial_params)
+
+
+def experiment_model(config: ExperimentConfig, dataset: Dataset) -> Model:
+    """The config's model for the dataset's inputs and classes (with MOON's projection head, or
+    as FedEM's mixture, when the algorithm needs it)."""
+    model = make_model(config.model, jax.tree.map(lambda a: a[0], dataset.x_train),
+                       dataset.num_classes, conv_impl=config.conv_impl)
+    if "moon" in (config.algorithm, config.switch_to):
+        model = with_projection_head(model)
+    if "fedem" in (config.algorithm, config.switch_to):
+        model = mixture(model, config.options.algorithm_args.get(
+            "num_components", inspect.signature(algorithms.fedem).parameters[
+                "num_components"].default))
+    return model
+
+
+def round_settings(config: ExperimentConfig) -> dict[str, Any]:
+    """``make_round``'s arguments for the config's local work, cohort and program options."""
+    full_batch = config.algorithm in FULL_BATCH
+    return dict(clients_per_round=config.clients_per_round,
+                batch_size=None if full_batch or config.batch_size == 0 else config.batch_size,
+                local_steps=1 if full_batch else config.local_steps,
+                local_epochs=None if full_batch else config.local_epochs,
+                aggregation=config.aggregation, client_chunk=config.client_chunk,
+                augment=named_augmentation(config.augment), participation=config.participation,
+                unroll=config.unroll, compute_dtype=config.compute_dtype)
+
+
+class Batch(NamedTuple):
+    """R runs of one program (``build_batch``): each run's own experiment (its data, evaluators
+    and host-side algorithm) and the batched round that trains them all. The round may hold
+    ``padding`` more runs (copies of the first, never active) so that the devices share the
+    runs evenly."""
+
+    experiments: list[Experiment]
+    round_fn: RoundFunction          # make_round(..., runs=R + padding)
+    traced: list[str]                # the config keys whose values are the runs' hparams
+    padding: int = 0
+
+    def initial_state(self) -> RoundState:
+        """Every run's round 0, stacked (each run's own initial model, seed and values)."""
+        runs = self.experiments + self.experiments[:1] * self.padding
+        return self.round_fn.place(self.round_fn.init_state(
+            [e.initial_params() for e in runs], [e.config.seed for e in runs],
+            {key: [value_of(e.config, key) for e in runs] for key in self.traced}))
+
+
+def value_of(config: ExperimentConfig, key: str):
+    """The value of a config key (a field, or a dotted key into a JSON-valued field)."""
+    return _lookup(config, None)(key)
+
+
+def build_batch(configs: list[ExperimentConfig], num_devices: int = 1,
+                run_chunk: int | None = None) -> Batch:
+    """The experiments of ``configs`` (of one program: ``fljax.grouping.structure``) and ONE
+    batched round that trains them side by side (``batch_of``)."""
+    shared: dict = {}
+    return batch_of([build(config, shared=shared) for config in configs], num_devices, run_chunk)
+
+
+def batch_of(experiments: list[Experiment], num_devices: int = 1,
+             run_chunk: int | None = None) -> Batch:
+    """ONE batched round that trains ``experiments`` (of one program) side by side, spread over
+    ``num_devices`` devices: the values that differ between their configs
+    (``fljax.grouping.traced_keys``) are each run's traced hyperparameters, and each run trains
+    on its own split. Build the experiments with one ``shared`` dict (``build``) so that the
+    examples are on the device once."""
+    first = experiments[0]
+    traced = traced_keys([e.config for e in experiments])
+    padding = -len(experiments) % num_devices
+
+    def algorithm(hparams):
+        return build_algorithm(first.config, first.model, first.data, hparams)
+
+    round_fn = make_round(algorithm, first.model,
+                          [e.data for e in experiments] + [first.data] * padding,
+                          **round_settings(first.config), num_devices=num_devices,
+                          probes=first.round_fn.probes, runs=len(experiments) + padding,
+                          run_chunk=run_chunk)
+    return Batch(experiments, round_fn, traced, padding)
+
+
+def batch_memory(experiment: Experiment, runs: int, run_chunk: int) -> tuple[int, int]:
+    """An estimate of the bytes a program of ``runs`` runs like ``experiment``'s holds: (per run,
+    shared). Per run: its state twice (the round's input and output) and its split; shared: the
+    examples, and the working memory of ``run_chunk`` runs' local training side by side (each
+    sampled client's model, gradient and optimizer state, and a batch's inputs through the
+    layers, taken as 16 copies of the batch)."""
+    state = jax.eval_shape(experiment.initial_state)
+    data = experiment.data
+    nbytes = lambda tree: sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
+    per_run = 2 * nbytes(state) + nbytes((data.index, data.offset, data.count))
+    config = experiment.config
+    clients = config.client_chunk or (1 if jax.default_backend() == "cpu" else
+                                      config.clients_per_round)
+    batch = config.batch_size or int(np.max(np.asarray(data.count)))
+    example = nbytes(jax.tree.map(lambda a: a[0], data.x))
+    working = run_chunk * clients * (4 * nbytes(state.params) + 16 * batch * example)
+    return per_run, nbytes((data.x, data.y)) + working

@@ -67,6 +67,7 @@ import scipy.stats
 
 from fljax.config import ExperimentConfig, current_names
 from fljax.errors import FljaxError
+from fljax.grouping import group
 from fljax.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
@@ -236,6 +237,88 @@ def slug(name: str) -> str:
     return re.sub(r"[^\w.+-]+", "_", name.replace("->", "_to_")).strip("_")
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4,7"`` -> [0, 1, 2, 3, 4, 7]."""
+    seeds = []
+    for part in text.split(","):
+        first, sep, last = part.strip().partition("-")
+        try:
+            seeds += list(range(int(first), int(last) + 1)) if sep else [int(first)]
+        except ValueError:
+            raise FljaxError(f"--seeds takes integers and ranges such as 0-9 or 0,3,5, got "
+                             f"{text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise FljaxError(f"--seeds must name distinct seeds >= 0, got {text!r}")
+    return seeds
+
+
+def parse_grid(settings: list[str]) -> dict[str, list]:
+    """``["lr=0.05,0.1", "algorithm_args.mu=0.01"]`` -> {"lr": [0.05, 0.1], "algorithm_args.mu":
+    [0.01]}: each value is read as JSON, or taken as a string if it is not JSON; commas inside
+    brackets or braces belong to a value."""
+    grid = {}
+    for setting in settings:
+        key, sep, text = setting.partition("=")
+        if not sep or not key:
+            raise FljaxError(f"--set takes KEY=VALUE[,VALUE...], got {setting!r}")
+        values, depth, start = [], 0, 0
+        for i, char in enumerate(text + ","):
+            depth += (char in "[{") - (char in "]}")
+            if char == "," and depth == 0:
+                values.append(text[start:i])
+                start = i + 1
+        grid[key] = [parse_settings([f"{key}={v}"])[key] for v in values]
+    return grid
+
+
+def grid_cells(config: ExperimentConfig, seeds: list[int], grid: dict[str, list]) -> list[Cell]:
+    """The runs of ``config`` at every point of ``grid`` for every seed, each in
+    ``OUT_DIR/POINT/seed_S`` (``fljax --seeds 0-9 --set lr=0.05,0.1``)."""
+    cells = []
+    for setting in grid_points(grid) if grid else [()]:
+        for seed in seeds:
+            run_dir = os.path.join(config.out_dir, *([setting_slug(setting)] if setting else []),
+                                   f"seed_{seed}")
+            values = {**with_setting(config.to_dict(), setting), "seed": seed, "out_dir": run_dir}
+            cells.append(Cell("run", setting_slug(setting) or "run", seed,
+                              ExperimentConfig().replace(**values).validate(), setting))
+    return cells
+
+
+def run_grid(config: ExperimentConfig, seeds: list[int], grid: dict[str, list] | None = None,
+             *, max_runs: int | None = None, memory_limit: int | None = None,
+             progress: bool = True) -> dict[Cell, list]:
+    """Train ``config`` at every point of ``grid`` ({config key: [values]}, dotted keys reach into
+    JSON fields) for every seed, the runs that share a program together (``run_many``): from a
+    notebook, what ``fljax --seeds ... --set KEY=V1,V2`` does. Returns each run's evaluations by
+    cell (``grid_table`` tabulates them); each run writes to ``OUT_DIR/POINT/seed_S``."""
+    from fljax.train import run_many
+
+    cell_list = grid_cells(config, list(seeds), dict(grid or {}))
+    return run_sweep(cell_list, lambda configs: run_many(
+        configs, progress=progress, memory_limit=memory_limit), max_runs or len(cell_list))
+
+
+def grid_table(results: dict[Cell, list]) -> str:
+    """Markdown: each grid point's final and best test accuracy (%), mean +- std over its seeds,
+    with its validation accuracy where logged, and how many runs diverged."""
+    points: dict[tuple, list] = {}
+    for cell, evals in results.items():
+        points.setdefault(cell.setting, []).append(evals)
+    lines = ["| setting | seeds | final test accuracy | best test accuracy | final val accuracy |",
+             "|---|---|---|---|---|"]
+    for setting, runs in points.items():
+        ok = [e for e in runs if e and not e[-1].get("diverged")]
+        final = [100 * e[-1]["accuracy"] for e in ok]
+        best = [100 * max(x["accuracy"] for x in e) for e in ok]
+        val = [100 * e[-1]["val_accuracy"] for e in ok if "val_accuracy" in e[-1]]
+        failed = len(runs) - len(ok)
+        name = ", ".join(f"{k}={v}" for k, v in setting) or "-"
+        lines.append(f"| {name} | {len(runs)}{f' ({failed} diverged)' if failed else ''} | "
+                     f"{mean_std(final)} | {mean_std(best)} | {mean_std(val)} |")
+    return "\n".join(lines)
+
+
 def rounds_to(evaluations: list[dict[str, Any]], target: float) -> int | None:
     """The first evaluated round whose test accuracy reaches ``target``, or None."""
     cost = to_target(evaluations, target)
@@ -247,20 +330,29 @@ TARGET_COSTS = (("rounds", "rounds", 1.0), ("MB", "bytes", 1e-6), ("GFLOPs", "fl
                 ("seconds", "seconds", 1.0))
 
 
-def run_sweep(sweep: dict[str, Any], cell_list: list[Cell],
-              train: Callable[[ExperimentConfig], list[dict[str, Any]]]) -> dict[Cell, list]:
-    """Run every cell with ``train(config) -> evaluations``; their evaluations by cell. A run that
-    diverges (NaN) is recorded as ``[{'round': R, 'diverged': True}]``: its grid point loses the
-    selection, and the table counts it."""
+def run_sweep(cell_list: list[Cell],
+              train: Callable[[list[ExperimentConfig]], list[list[dict[str, Any]] | Diverged]],
+              max_runs: int = 1) -> dict[Cell, list]:
+    """Run every cell, the cells that can share a compiled program (``fljax.grouping``) in
+    batches of at most ``max_runs``, with ``train(configs) -> each run's evaluations or its
+    Diverged error``; their evaluations by cell. A run that diverges (NaN) is recorded as
+    ``[{'round': R, 'diverged': True}]``: its grid point loses the selection, and the table
+    counts it."""
+    groups = group([cell.config for cell in cell_list], max_runs)
     results = {}
-    for i, cell in enumerate(cell_list):
-        print(f"[{i + 1}/{len(cell_list)}] {cell.row} / {cell.column} / seed {cell.seed}",
-              flush=True)
-        try:
-            results[cell] = train(cell.config)
-        except Diverged as e:
-            print(f"    diverged at round {e.round}", flush=True)
-            results[cell] = [{"round": e.round, "diverged": True}]
+    for i, members in enumerate(groups):
+        first = cell_list[members[0]]
+        what = (f"{first.row} / {first.column} / seed {first.seed}" if len(members) == 1 else
+                f"{len(members)} runs in one program: " + ", ".join(sorted(
+                    {f"{cell_list[m].row} / {cell_list[m].column}" for m in members})))
+        print(f"[{i + 1}/{len(groups)}] {what}", flush=True)
+        for m, outcome in zip(members, train([cell_list[m].config for m in members])):
+            cell = cell_list[m]
+            if isinstance(outcome, Diverged):
+                print(f"    {cell.row} / {cell.column} / seed {cell.seed}: diverged at round "
+                      f"{outcome.round}", flush=True)
+                outcome = [{"round": outcome.round, "diverged": True}]
+            results[cell] = outcome
     return results
 
 

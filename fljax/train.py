@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -27,11 +27,12 @@ from fljax.accounting import param_bytes, round_bytes
 from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError
-from fljax.experiment import Experiment, build
+from fljax.experiment import Batch, Experiment, batch_memory, batch_of, build
 from fljax.logs import RunLog, SilentLog, read_log
 from fljax.multihost import barrier, check_devices, is_primary, start as start_processes
 from fljax.personalize import finetune_key
 from fljax.placement import to_host
+from fljax.runs import stack, take
 
 
 class Diverged(FljaxError):
@@ -98,6 +99,115 @@ def _sigint_flag():
 ROUND_KEYS = ("train_loss", "clients", "params_finite", "client_steps")
 
 
+class RunRecord:
+    """One run's files and bookkeeping as a loop over rounds drives it: its checkpoints (restored
+    from, saved to), its log, the accounting of bytes and FLOPs, the divergence guard and its
+    evaluations. ``share``: the run's share of the program's time (1/R for one of R runs trained
+    together), so that ``time_s`` adds up to the wall time over a table's runs.
+
+    Everything is checked (writable directories, the checkpoint to resume from, the log) before
+    the run directory is changed, so a run that cannot start leaves it as it was (``fresh``
+    aside)."""
+
+    def __init__(self, config: ExperimentConfig, experiment: Experiment,
+                 closing: contextlib.ExitStack, *, fresh: bool, primary: bool,
+                 flops: Callable[[Any], float], share: float = 1.0):
+        self.config = config
+        self.experiment = experiment
+        self._closing, self._primary, self._flops, self._share = closing, primary, flops, share
+        writable_dir(config.out_dir, "output dir")
+        checkpoint_dir = os.path.join(config.out_dir, "checkpoints")
+        if fresh and primary and os.path.isdir(checkpoint_dir):
+            try:
+                shutil.rmtree(checkpoint_dir)
+            except OSError as e:
+                raise FljaxError(f"--fresh cannot delete {checkpoint_dir!r} "
+                                 f"({e.strerror})") from None
+        barrier("fresh")
+        self.checkpoints = closing.enter_context(contextlib.closing(
+            Checkpoints(config.out_dir, keep=config.keep_checkpoints)))
+        writable_dir(self.checkpoints.directory, "checkpoint dir")
+        self.last_round: dict[str, float] = {}
+        self.postfix: dict[str, str] = {}
+
+    def resume(self, initial) -> tuple[int, Any]:
+        """(rounds done, state to continue from: the newest intact checkpoint's, or ``initial``),
+        opening the log (its records after that checkpoint are dropped) and writing
+        config.json. A damaged newer checkpoint is set aside with a warning."""
+        config, checkpoints = self.config, self.checkpoints
+        saved_round, saved_state, damaged = checkpoints.restore_latest(
+            initial, config.to_dict(), defaults=ExperimentConfig().to_dict())
+        self.log = self._closing.enter_context(contextlib.closing(  # reads, then rewrites it
+            (RunLog if self._primary else SilentLog)(config.out_dir, saved_round)))
+        for error in damaged if self._primary else ():
+            moved = checkpoints.set_aside(error.round, os.path.join(config.out_dir,
+                                                                    "damaged_checkpoints"))
+            print(f"fljax: warning: {error}; moved to {moved!r}; resuming from checkpoint "
+                  f"{saved_round}", file=sys.stderr)
+        if self._primary:
+            write_file(os.path.join(config.out_dir, "config.json"),
+                       json.dumps(config.to_dict(), indent=1))
+        logged = read_log(self.log.path)
+        self.time_s = max([r["time_s"] for r in logged] or [0.0])
+        self.cost = Accounting(self.experiment, config, logged, self._flops,
+                               param_bytes(initial.params))
+        return saved_round or 0, (initial if saved_state is None else saved_state)
+
+    def exchanged(self, rounds: int) -> int:
+        """Server<->client exchanges in rounds 0..rounds-1 (FedGA's extra one counted)."""
+        return sum(self.experiment.algorithm.exchanges(t) for t in range(rounds))
+
+    def due(self, round_index: int) -> tuple[bool, bool]:
+        """(evaluate, save) after round ``round_index``."""
+        config = self.config
+        extra = {r for p in self.experiment.round_fn.probes for r in p.eval_rounds}
+        return (round_index % config.eval_every == 0 or round_index == config.rounds
+                or round_index in extra,
+                round_index % config.checkpoint_every == 0 or round_index == config.rounds)
+
+    def record(self, round_index: int, metrics: dict, state, seconds: float) -> None:
+        """Log round ``round_index``'s metrics (host values) after ``seconds`` of the program's
+        wall time; Diverged if the loss or the model is not finite."""
+        config, m = self.config, metrics
+        self.time_s += self._share * seconds
+        loss = float(m["train_loss"])
+        if not math.isfinite(loss) or not bool(m["params_finite"]):
+            what = f"the training loss is {loss}" if not math.isfinite(loss) else \
+                "the global model has NaN or Inf parameters"
+            kept = self.checkpoints.latest_round()
+            raise Diverged(
+                f"round {round_index}: {what} with algorithm "
+                f"{self.experiment.algorithm.name!r}; stopped. A too large learning rate "
+                f"(lr={config.lr}, server_lr={config.server_lr}) or algorithm coefficient is the "
+                f"usual cause. " + (f"The last good checkpoint (round {kept}) is kept in "
+                                    f"{self.checkpoints.directory!r}" if kept is not None else
+                                    "No checkpoint was written yet"), round_index)
+        extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
+        clients = np.asarray(m["clients"])
+        cohort = clients[clients >= 0].tolist()
+        extras.update(self.cost.round(round_index, len(cohort), state))
+        self.last_round = extras
+        self.log.round(round_index, loss, cohort, self.time_s,
+                       {"communication_rounds": self.exchanged(round_index), **extras})
+        self.postfix["loss"] = f"{loss:.4f}"
+
+    def evaluate(self, round_index: int, state) -> None:
+        """Evaluate this run's (unbatched) ``state`` after round ``round_index`` and log it."""
+        scores = {**self.last_round, **evaluate_models(self.experiment, state),
+                  "communication_rounds": self.exchanged(round_index), **self.cost.totals()}
+        self.log.evaluation(round_index, scores, self.time_s)
+        self.postfix["acc"] = f"{scores['accuracy']:.3f}"
+
+    def save(self, round_index: int, state) -> None:
+        """A checkpoint of this run's ``state``, after everything logged is on disk (a checkpoint
+        never covers a record a crash could still lose)."""
+        self.log.commit()
+        self.checkpoints.save(round_index, state, self.config.to_dict())
+
+    def evaluations(self) -> list[dict[str, Any]]:
+        return [r for r in read_log(self.log.path) if r["kind"] == "eval"]
+
+
 def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         experiment: Experiment | None = None) -> list[dict[str, Any]]:
     """Train until round ``config.rounds``, resuming from ``config.out_dir`` unless ``fresh``.
@@ -118,109 +228,177 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     check_devices(config.num_devices)
     experiment = experiment or build(config)
     primary = is_primary()
-    postfix: dict[str, str] = {}
-
-    def exchanged(rounds: int) -> int:
-        """Server<->client exchanges in rounds 0..rounds-1 (FedGA's extra one counted)."""
-        return sum(experiment.algorithm.exchanges(t) for t in range(rounds))
-
-    def check_and_log(round_index: int, metrics: dict) -> None:
-        m = to_host(metrics)
-        loss = float(m["train_loss"])
-        if not math.isfinite(loss) or not bool(m["params_finite"]):
-            what = f"the training loss is {loss}" if not math.isfinite(loss) else \
-                "the global model has NaN or Inf parameters"
-            kept = checkpoints.latest_round()
-            raise Diverged(
-                f"round {round_index}: {what} with algorithm {experiment.algorithm.name!r}; "
-                f"stopped. A too large learning rate (lr={config.lr}, server_lr="
-                f"{config.server_lr}) or algorithm coefficient is the usual cause. "
-                + (f"The last good checkpoint (round {kept}) is kept in "
-                   f"{checkpoints.directory!r}" if kept is not None else "No checkpoint was "
-                   "written yet"), round_index)
-        extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
-        clients = np.asarray(m["clients"])
-        cohort = clients[clients >= 0].tolist()
-        extras.update(cost.round(round_index, len(cohort), state))
-        last_round.clear()
-        last_round.update(extras)
-        log.round(round_index, loss, cohort, time.perf_counter() - start,
-                  {"communication_rounds": exchanged(round_index), **extras})
-        postfix["loss"] = f"{loss:.4f}"
-        bar.set_postfix(postfix)
-        bar.update(1)
-
-    last_round: dict[str, float] = {}
     with _sigint_flag() as interrupt:   # until the run's files are closed
         with contextlib.ExitStack() as closing:
-            writable_dir(config.out_dir, "output dir")
-            checkpoint_dir = os.path.join(config.out_dir, "checkpoints")
-            if fresh and primary and os.path.isdir(checkpoint_dir):
-                try:
-                    shutil.rmtree(checkpoint_dir)
-                except OSError as e:
-                    raise FljaxError(f"--fresh cannot delete {checkpoint_dir!r} "
-                                     f"({e.strerror})") from None
-            barrier("fresh")
-            checkpoints = closing.enter_context(contextlib.closing(
-                Checkpoints(config.out_dir, keep=config.keep_checkpoints)))
-            writable_dir(checkpoints.directory, "checkpoint dir")
-            state = experiment.initial_state()
-            saved_round, saved_state, damaged = checkpoints.restore_latest(
-                state, config.to_dict(), defaults=ExperimentConfig().to_dict())
-            if saved_state is not None:
-                state = experiment.round_fn.place(saved_state)
-            log = closing.enter_context(contextlib.closing(   # reads the log before rewriting it
-                (RunLog if primary else SilentLog)(config.out_dir, saved_round)))
-            for error in damaged if primary else ():
-                moved = checkpoints.set_aside(error.round, os.path.join(config.out_dir,
-                                                                        "damaged_checkpoints"))
-                print(f"fljax: warning: {error}; moved to {moved!r}; resuming from checkpoint "
-                      f"{saved_round}", file=sys.stderr)
-            if primary:
-                write_file(os.path.join(config.out_dir, "config.json"),
-                           json.dumps(config.to_dict(), indent=1))
-            done = saved_round or 0
-            logged = read_log(log.path)
-            previous_time = max([r["time_s"] for r in logged] or [0.0])
-            cost = Accounting(experiment, config, logged)
-            extra_evals = {r for p in experiment.round_fn.probes for r in p.eval_rounds}
-            start = time.perf_counter() - previous_time
+            run = RunRecord(config, experiment, closing, fresh=fresh, primary=primary,
+                            flops=experiment.round_fn.flops)
+            done, state = run.resume(experiment.initial_state())
+            state = experiment.round_fn.place(state)
             bar = closing.enter_context(contextlib.closing(tqdm(
                 total=config.rounds, initial=min(done, config.rounds),
-                disable=not (progress and primary),
-                unit="round", dynamic_ncols=True)))
+                disable=not (progress and primary), unit="round", dynamic_ncols=True)))
+            clock = time.perf_counter()
+
+            def record(round_index, metrics):
+                nonlocal clock
+                now = time.perf_counter()
+                run.record(round_index, to_host(metrics), state, now - clock)
+                clock = now
+                bar.set_postfix(run.postfix)
+                bar.update(1)
+
             pending = None
             for t in range(done, config.rounds):
                 if interrupt["stop"]:
                     break
                 state, metrics = experiment.round_fn(state)
                 if pending is not None:
-                    check_and_log(*pending)   # the previous round, read one round late
+                    record(*pending)      # the previous round, read one round late
                 pending = (t + 1, metrics)
-                evaluate = ((t + 1) % config.eval_every == 0 or t + 1 == config.rounds
-                            or t + 1 in extra_evals)
-                save = (t + 1) % config.checkpoint_every == 0 or t + 1 == config.rounds
+                evaluate, save = run.due(t + 1)
                 if evaluate or save:
-                    check_and_log(*pending)
+                    record(*pending)
                     pending = None
                 if evaluate:
-                    scores = {**last_round, **evaluate_models(experiment, state),
-                              "communication_rounds": exchanged(t + 1), **cost.totals()}
-                    log.evaluation(t + 1, scores, time.perf_counter() - start)
-                    postfix["acc"] = f"{scores['accuracy']:.3f}"
+                    run.evaluate(t + 1, state)
                 if save:
-                    log.commit()   # a checkpoint never covers a record that is not on disk
-                    checkpoints.save(t + 1, state, config.to_dict())
+                    run.save(t + 1, state)
             if pending is not None:
-                check_and_log(*pending)
+                record(*pending)
             if interrupt["stop"]:
                 finished = int(state.round)
-                if finished and checkpoints.latest_round() != finished:
-                    log.commit()
-                    checkpoints.save(finished, state, config.to_dict())
-                raise RunInterrupted(finished, checkpoints.directory)
-    return [r for r in read_log(log.path) if r["kind"] == "eval"]
+                if finished and run.checkpoints.latest_round() != finished:
+                    run.save(finished, state)
+                raise RunInterrupted(finished, run.checkpoints.directory)
+    return run.evaluations()
+
+
+def run_batch(batch: Batch, *, progress: bool = True,
+              fresh: bool = False) -> list[list[dict[str, Any]] | Diverged]:
+    """Train every run of ``batch`` (``fljax.experiment.build_batch``) to its own
+    ``config.rounds`` in ONE compiled program, each resuming from its own ``out_dir``.
+
+    Each run writes what ``run`` writes (metrics.jsonl, config.json, checkpoints, TensorBoard),
+    evaluated and checkpointed on its own schedule; the runs advance together and a run that
+    finished or diverged waits, unchanged, for the others. Returns each run's evaluation
+    records, or its Diverged error. Ctrl-C stops every run after the current round with a
+    checkpoint (RunInterrupted)."""
+    experiments, round_fn = batch.experiments, batch.round_fn
+    size = len(experiments)
+    flops = {}
+
+    def flops_per_run(state) -> float:          # the program's, shared by its runs
+        if "value" not in flops:
+            flops["value"] = round_fn.flops(state) / (size + batch.padding)
+        return flops["value"]
+
+    with _sigint_flag() as interrupt:
+        with contextlib.ExitStack() as closing:
+            runs = [RunRecord(e.config, e, closing, fresh=fresh, primary=True, share=1.0 / size,
+                              flops=lambda _: flops["value"]) for e in experiments]
+            initial = batch.initial_state()
+            resumed = [run.resume(take(initial, r)) for r, run in enumerate(runs)]
+            padding = [take(initial, size + p) for p in range(batch.padding)]
+            state = round_fn.place(stack([s for _, s in resumed] + padding))
+            del initial, padding
+            flops_per_run(state)
+            done = np.array([d for d, _ in resumed] + [0] * batch.padding)
+            rounds = np.array([e.config.rounds for e in experiments] + [0] * batch.padding)
+            diverged: dict[int, Diverged] = {}
+            bar = closing.enter_context(contextlib.closing(tqdm(
+                total=int(rounds.sum()), initial=int(np.minimum(done, rounds).sum()),
+                disable=not progress, unit="run-round", dynamic_ncols=True)))
+            clock = time.perf_counter()
+
+            def record(active, after, metrics):
+                nonlocal clock
+                now = time.perf_counter()
+                host = jax.device_get(metrics)
+                for r in np.flatnonzero(active):
+                    if r in diverged:
+                        continue
+                    try:
+                        runs[r].record(int(after[r]), take(host, r), state, now - clock)
+                    except Diverged as e:
+                        diverged[r] = e
+                clock = now
+                bar.set_postfix(runs=int(active.sum()), diverged=len(diverged))
+                bar.update(int(active.sum()))
+
+            pending = None
+            while not interrupt["stop"]:
+                active = (done < rounds) & ~np.isin(np.arange(len(done)), list(diverged))
+                if not active.any():
+                    break
+                state, metrics = round_fn(state, active)
+                if pending is not None:
+                    record(*pending)
+                done = done + active
+                pending = (active, done.copy(), metrics)
+                due = {r: runs[r].due(int(done[r])) for r in np.flatnonzero(active)}
+                if any(e or s for e, s in due.values()):
+                    record(*pending)
+                    pending = None
+                for r, (evaluate, save) in due.items():
+                    if r in diverged or not (evaluate or save):
+                        continue
+                    own = take(state, r)
+                    if evaluate:
+                        runs[r].evaluate(int(done[r]), own)
+                    if save:
+                        runs[r].save(int(done[r]), own)
+            if pending is not None:
+                record(*pending)
+            if interrupt["stop"]:
+                for r, run in enumerate(runs):
+                    if r not in diverged and done[r] and run.checkpoints.latest_round() != done[r]:
+                        run.save(int(done[r]), take(state, r))
+                raise RunInterrupted(int(done.min()), os.path.dirname(
+                    runs[0].checkpoints.directory))
+    return [diverged.get(r) or run.evaluations() for r, run in enumerate(runs)]
+
+
+def run_many(configs: list[ExperimentConfig], *, progress: bool = True, fresh: bool = False,
+             memory_limit: int | None = None,
+             say: Callable[[str], None] = print) -> list[list[dict[str, Any]] | Diverged]:
+    """Train ``configs`` that share one program (``fljax.grouping.group``): one config alone
+    (``run``), more in programs of as many runs as the memory estimate allows within
+    ``memory_limit`` bytes (default ``default_memory_limit``), spread over this process's
+    devices. Returns each run's evaluation records, or its Diverged error."""
+    if len(configs) == 1:
+        try:
+            return [run(configs[0], progress=progress, fresh=fresh)]
+        except Diverged as e:
+            return [e]
+    shared: dict = {}
+    experiments = [build(config, shared=shared) for config in configs]
+    devices = jax.local_device_count()
+    run_chunk = 1 if jax.default_backend() == "cpu" else None
+    per_run, fixed = batch_memory(experiments[0], len(configs),
+                                  run_chunk or -(-len(configs) // devices))
+    limit = memory_limit or default_memory_limit()
+    most = max(1, (limit - fixed) // per_run)
+    results = []
+    for start in range(0, len(experiments), most):
+        chunk = experiments[start:start + most]
+        spread = min(devices, len(chunk))
+        batch = batch_of(chunk, spread, run_chunk)
+        say(f"    {len(chunk)} runs in one program on {spread} device(s): about "
+            f"{(fixed + len(chunk) * per_run) / 2**20:.0f} MB estimated "
+            f"({per_run / 2**20:.1f} MB a run); limit {limit / 2**20:.0f} MB (--batch-memory)")
+        results += run_batch(batch, progress=progress, fresh=fresh)
+    return results
+
+
+def default_memory_limit() -> int:
+    """Bytes a batch of runs may take: 3/4 of the accelerators' memory, or half of the host's
+    on CPU."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            return int(0.75 * stats["bytes_limit"] * jax.local_device_count())
+    return int(0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
@@ -254,13 +432,14 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
 
 class Accounting:
     """Bytes and FLOPs per round (``fljax.accounting``) and their running totals, which a resumed
-    run takes up from the log's round records."""
+    run takes up from the log's round records. ``flops(state)``: one round's FLOPs (asked once);
+    ``model_bytes``: the bytes of the run's model."""
 
-    def __init__(self, experiment: Experiment, config: ExperimentConfig, logged: list[dict]):
+    def __init__(self, experiment: Experiment, config: ExperimentConfig, logged: list[dict],
+                 flops: Callable[[Any], float], model_bytes: int):
         self._algorithm = experiment.algorithm
-        self._round_fn = experiment.round_fn
-        self._model_bytes = None
-        self._flops = None
+        self._flops_of, self._flops = flops, None
+        self._model_bytes = model_bytes
         self._slots = config.num_clients if config.participation == "bernoulli" else None
         rounds = [r for r in logged if r.get("kind") == "round"]
         self._bytes = sum(r.get("bytes_down", 0) + r.get("bytes_up", 0) for r in rounds)
@@ -269,8 +448,7 @@ class Accounting:
     def round(self, round_index: int, cohort_size: int, state) -> dict[str, float]:
         """The accounting of round ``round_index`` (1-based) with ``cohort_size`` clients."""
         if self._flops is None:
-            self._model_bytes = param_bytes(state.params)
-            self._flops = self._round_fn.flops(state)
+            self._flops = self._flops_of(state)
         down, up = round_bytes(self._algorithm.payload(round_index - 1), cohort_size,
                                self._model_bytes)
         flops = self._flops * (cohort_size / self._slots if self._slots else 1.0)

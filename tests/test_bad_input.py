@@ -226,6 +226,15 @@ CASES = [
         "--num-clients", "5", "--clients-per-round", "5"],
      "has label 1000000000: labels must be class indices 0..C-1"),
     ("argparse type error", lambda t: ["--lr", "abc"], "argument --lr: invalid float value: 'abc'"),
+    ("server lr set twice", lambda t: ["--server-optimizer-args", '{"learning_rate": 0.1}'],
+     "server_optimizer_args sets learning_rate (0.1), which --server-lr sets; give it once"),
+    ("bad seed range", lambda t: ["--seeds", "0-x"], "--seeds takes integers and ranges"),
+    ("repeated seeds", lambda t: ["--seeds", "1,1"], "--seeds must name distinct seeds"),
+    ("grid without values", lambda t: ["--set", "lr"], "--set takes KEY=VALUE[,VALUE...]"),
+    ("grid of a bad value", lambda t: ["--seeds", "0", "--set", "lr=0.1,-1"],
+     "lr must be > 0, got -1"),
+    ("no runs per program", lambda t: ["--seeds", "0-1", "--max-runs", "0"],
+     "--max-runs must be >= 1, got 0"),
 ]
 MUTATING = [
     ("every checkpoint corrupt", lambda t: [], ("checkpoint 2 in", "is damaged"),

@@ -251,13 +251,14 @@ def test_a_diverging_grid_point_is_recorded_and_never_selected(tmp_path):
     (even with a higher validation score on the seeds that finished), and the table counts it."""
     cells = sweep.cells(GRID_SPEC, None, str(tmp_path))
 
-    def train(config):
+    def train_one(config):
         if json.loads(config.algorithm_args).get("mu") == 0.1 and config.seed == 2:
-            raise Diverged("round 3: the training loss is nan", 3)
+            return Diverged("round 3: the training loss is nan", 3)
         good = config.algorithm == "fedprox" and json.loads(config.algorithm_args)["mu"] == 0.1
         return [{"round": 2, "accuracy": 0.5, "val_accuracy": 0.9 if good else 0.4}]
 
-    results = sweep.run_sweep(GRID_SPEC, cells, train)
+    train = lambda configs: [train_one(config) for config in configs]
+    results = sweep.run_sweep(cells, train, max_runs=4)
     diverged = [c for c, e in results.items() if e[-1].get("diverged")]
     assert len(diverged) == 1 and results[diverged[0]] == [{"round": 3, "diverged": True}]
     lines = sweep.table(GRID_SPEC, results).splitlines()
@@ -265,6 +266,6 @@ def test_a_diverging_grid_point_is_recorded_and_never_selected(tmp_path):
 
     no_grid = {**GRID_SPEC, "columns": {"P": {"algorithm": "fedprox",
                                               "algorithm_args": {"mu": 0.1}}}, "compare": []}
-    results = sweep.run_sweep(no_grid, sweep.cells(no_grid, None, str(tmp_path)), train)
+    results = sweep.run_sweep(sweep.cells(no_grid, None, str(tmp_path)), train)
     assert sweep.table(no_grid, results).splitlines()[2] == \
         "| Dir | **50.00 ± 0.00 (1 of 3 diverged)** |"

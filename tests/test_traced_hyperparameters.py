@@ -296,7 +296,7 @@ def test_switch_at_a_traced_round():
                                       jnp.asarray(-0.5)), "a number in [0, 1], got -0.5"),
     (lambda: fljax.switch(fljax.fedavg(fljax.local_sgd(0.1)), fljax.fedavg(fljax.local_sgd(0.1)),
                           jnp.asarray(-1)), "at_round must be an integer >= 0, got -1"),
-    (lambda: fljax.fednova(fljax.local_sgd(0.1, momentum=jnp.asarray(1.0))),
+    (lambda: fljax.fednova(fljax.LocalSGD(0.1, momentum=jnp.asarray(1.0))),
      "fednova needs the local momentum in [0, 1)"),
     (lambda: fljax.fedsam(fljax.local_sgd(0.1), rho=jnp.zeros(2)), "rho must be a finite number"),
     (lambda: fljax.fedntd(fljax.local_sgd(0.1), None, tau=True), "tau must be a finite number > 0"),

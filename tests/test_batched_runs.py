@@ -1,0 +1,106 @@
+"""Batched runs from the command line and in sweeps: each run's files are those of the run alone,
+a killed batched sweep resumes to the same table, and which cells share a program."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fljax import grouping, sweep
+from fljax.cli import main
+from fljax.config import ExperimentConfig
+from fljax.train import run
+from tests.test_resume import records
+
+TINY = ["--rounds", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet",
+        "--num-clients", "6", "--clients-per-round", "3", "--local-steps", "2",
+        "--validation-fraction", "0.1"]
+
+
+def without_time(lines):
+    return [{k: v for k, v in line.items() if k != "time_s"} for line in lines]
+
+
+def test_a_grid_of_seeds_and_lrs_trains_in_one_program_and_equals_each_run_alone(tmp_path):
+    """In a child process (two CPU devices: the runs are spread over both), 2 lrs x 2 seeds:
+    every run's log equals the same run alone (one device, its own program), checkpoints and
+    config per run, and the table."""
+    out = tmp_path / "grid"
+    done = subprocess.run([sys.executable, "-m", "fljax", *TINY, "--out-dir", str(out),
+                           "--seeds", "0-1", "--set", "lr=0.05,0.2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "4 runs in one program on 2 device(s)" in done.stdout
+    assert "| lr=0.05 | 2 |" in done.stdout and "| lr=0.2 | 2 |" in done.stdout
+    assert (out / "results.md").read_text().strip() in done.stdout
+    config = ExperimentConfig().replace(**{
+        "rounds": 4, "eval_every": 2, "checkpoint_every": 2, "num_clients": 6,
+        "clients_per_round": 3, "local_steps": 2, "local_epochs": None,
+        "validation_fraction": 0.1, "lr": 0.2, "seed": 1, "out_dir": str(tmp_path / "alone")})
+    run(config, progress=False)
+    batched = out / "lr_0.2" / "seed_1"
+    assert without_time(records(str(batched))) == without_time(records(config.out_dir))
+    assert json.loads((batched / "config.json").read_text())["lr"] == 0.2
+    assert sorted(os.listdir(batched / "checkpoints")) == ["2", "4"]
+
+
+SPEC = {
+    "title": "tiny", "base": {"num_clients": 6, "clients_per_round": 3, "local_steps": 2,
+                              "local_epochs": None, "rounds": 6, "eval_every": 2,
+                              "checkpoint_every": 2, "validation_fraction": 0.1,
+                              "grid": {"lr": [0.05, 0.2]}},
+    "rows": {"Dir 0.3": {}}, "seeds": [0, 1, 2],
+    "columns": {"FedAvg": {"algorithm": "fedavg"},
+                "FedProx": {"algorithm": "fedprox", "algorithm_args": {"mu": 0.01}},
+                "FedProx mu 0.1": {"algorithm": "fedprox", "algorithm_args": {"mu": 0.1}}},
+    "compare": [["FedProx", "FedAvg"]],
+}
+
+
+def test_a_killed_batched_sweep_resumes_to_the_tables_of_an_uninterrupted_one(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(SPEC))
+    assert main(["sweep", str(path), "--out-dir", str(tmp_path / "whole"), "--quiet"]) == 0
+    whole = (tmp_path / "whole" / "base" / "results.md").read_text()
+    killed = tmp_path / "killed"
+    child = subprocess.Popen([sys.executable, "-m", "fljax", "sweep", str(path), "--out-dir",
+                              str(killed), "--quiet"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and child.poll() is None and not any(
+            "checkpoints" in root and root.endswith("/4") for root, _, _ in os.walk(killed)):
+        time.sleep(0.05)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert not (killed / "base" / "results.md").exists(), "the sweep finished before the kill"
+    assert main(["sweep", str(path), "--out-dir", str(killed), "--quiet"]) == 0
+    assert (killed / "base" / "results.md").read_text() == whole
+    for cell in sweep.cells(SPEC, None, str(tmp_path / "whole")):
+        mine = cell.config.out_dir.replace(str(tmp_path / "whole"), str(killed))
+        assert without_time(records(mine)) == without_time(records(cell.config.out_dir))
+
+
+def test_cells_share_a_program_when_they_differ_in_traced_values_and_data(tmp_path):
+    cells = sweep.cells(SPEC, None, str(tmp_path))
+    groups = grouping.group([c.config for c in cells], most=100)
+    names = [sorted({cells[i].column for i in g}) for g in groups]
+    # FedProx's mu and every lr are traced, seeds are data: two programs for 18 runs
+    assert names == [["FedAvg"], ["FedProx", "FedProx mu 0.1"]]
+    assert [len(g) for g in groups] == [6, 12]
+    assert grouping.traced_keys([cells[i].config for i in groups[1]]) == [
+        "algorithm_args.mu", "lr"]
+    assert [len(g) for g in grouping.group([c.config for c in cells], most=4)] == [4, 2, 4, 4,
+                                                                                 4]
+    base = cells[0].config
+    for change in (dict(local_steps=3), dict(model="linear"), dict(clip_norm=1.0),
+                   dict(aggregation="uniform"), dict(switch_to="fedavg", switch_at=3)):
+        assert grouping.structure(base.replace(**change)) != grouping.structure(base), change
+    for change in (dict(seed=7), dict(lr=0.3), dict(dirichlet_alpha=0.1), dict(rounds=9),
+                   dict(momentum=0.5), dict(out_dir="elsewhere")):
+        assert grouping.structure(base.replace(**change)) == grouping.structure(base), change
+    sharded = base.replace(num_devices=2)
+    assert grouping.structure(sharded) != grouping.structure(sharded.replace(seed=5))
