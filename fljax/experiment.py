@@ -18,7 +18,7 @@ from fljax.data.users import split_users
 from fljax.engine import RoundFunction, RoundState, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
-from fljax.grouping import traced_keys
+from fljax import grouping
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
@@ -84,49 +84,34 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
     --server-optimizer). The full-batch algorithms (FedSGD, large-batch SGD) take the lr and SGD
     settings directly.
     """
-    value = _lookup(config, values)
+    value = with_values(config, values)
     factory = getattr(algorithms, name)
     if name == "fedsgd":
-        return factory(value("lr"), **kwargs)
+        return factory(value["lr"], **kwargs)
     if name == "lbsgd":
-        return factory(value("lr"), **{key: value(key) for key in LBSGD_FLAGS}, **kwargs)
-    local = algorithms.local_sgd(value("lr"), round_decay=value("lr_decay"),
-                                 momentum=value("momentum"), weight_decay=value("weight_decay"),
-                                 clip_norm=value("clip_norm"))
+        return factory(value["lr"], **{key: value[key] for key in LBSGD_FLAGS}, **kwargs)
+    local = algorithms.local_sgd(value["lr"], round_decay=value["lr_decay"],
+                                 momentum=value["momentum"], weight_decay=value["weight_decay"],
+                                 clip_norm=value["clip_norm"])
     accepted = inspect.signature(factory).parameters
-    extras = {"model": model, "server_lr": value("server_lr")}
+    extras = {"model": model, "server_lr": value["server_lr"]}
     extras = {k: v for k, v in extras.items() if k in accepted}
     if "server_optimizer" in accepted:
-        server_args = {k: value(f"server_optimizer_args.{k}")
-                       for k in config.options.server_optimizer_args}
         extras["server_optimizer"] = config.options.server_optimizer(
-            learning_rate=value("server_lr"), **server_args)
+            learning_rate=value["server_lr"],
+            **arguments(value, "server_optimizer_args", config.options.server_optimizer_args))
     return factory(local, **extras, **kwargs)
 
 
-def _lookup(config: ExperimentConfig, values: Mapping[str, Any] | None):
-    """``value(key)``: ``values[key]`` if given, else the config's (a field, or a dotted key of a
-    JSON-valued field's argument)."""
-    values = values or {}
-    flat = None
-
-    def value(key: str):
-        nonlocal flat
-        if key in values:
-            return values[key]
-        if "." not in key:
-            return getattr(config, key)
-        if flat is None:
-            from fljax.grouping import values as config_values
-            flat = config_values(config)
-        return flat[key]
-
-    return value
+def with_values(config: ExperimentConfig, values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The config's values by key (``fljax.grouping.values``: fields and dotted keys of the
+    JSON-valued fields' arguments), ``values`` in place of their own."""
+    return {**grouping.values(config), **(values or {})}
 
 
-def _args(config: ExperimentConfig, field: str, args: dict, values) -> dict:
-    """``args`` (the JSON arguments of ``field``) with the traced ones of ``values``."""
-    return {k: (values or {}).get(f"{field}.{k}", v) for k, v in args.items()}
+def arguments(value: dict[str, Any], field: str, args: dict) -> dict:
+    """The JSON arguments ``args`` of ``field`` as ``value`` (``with_values``) has them."""
+    return {k: value[f"{field}.{k}"] for k in args}
 
 
 def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model,
@@ -135,8 +120,9 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
     ``unit`` 'M' or 'B' for ResNets, ``order``, ``frozen_last``), FedDecay's local decay
     (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``), FedBN
     (``{}``: the model's normalization layers stay local)."""
+    value = with_values(config, values)
     for wrapper, given in config.options.wrappers.items():
-        args = _args(config, f"wrappers.{wrapper}", given, values)
+        args = arguments(value, f"wrappers.{wrapper}", given)
         leading = [algorithm]
         if wrapper == "gradual_unfreezing":
             leading.append(unfreeze_units(model, args.pop("unit", "M")))
@@ -152,13 +138,13 @@ def build_algorithm(config: ExperimentConfig, model: Model, data: FederatedData 
     Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, carrying the state
     over if ``switch_carry_state``, with the config's wrappers. ``values``: config keys whose value
     replaces the config's, e.g. traced hyperparameters ({'lr': ..., 'algorithm_args.mu': ...})."""
-    options = config.options
+    options, value = config.options, with_values(config, values)
     algorithm = make_algorithm(config.algorithm,
-                               _args(config, "algorithm_args", options.algorithm_args, values),
+                               arguments(value, "algorithm_args", options.algorithm_args),
                                config, model, values)
     if config.switch_to is not None:
         then = make_algorithm(config.switch_to,
-                              _args(config, "switch_args", options.switch_args, values), config,
+                              arguments(value, "switch_args", options.switch_args), config,
                               model, values)
         if options.switch_when:
             criterion = probes.switching_criterion(
@@ -166,8 +152,7 @@ def build_algorithm(config: ExperimentConfig, model: Model, data: FederatedData 
             algorithm = algorithms.switch(algorithm, then, when=criterion,
                                           carry_state=config.switch_carry_state)
         else:
-            algorithm = algorithms.switch(algorithm, then,
-                                          (values or {}).get("switch_at", config.switch_at),
+            algorithm = algorithms.switch(algorithm, then, value["switch_at"],
                                           carry_state=config.switch_carry_state)
     return wrap(algorithm, config, model, values)
 
@@ -344,12 +329,7 @@ class Batch(NamedTuple):
         runs = self.experiments + self.experiments[:1] * self.padding
         return self.round_fn.place(self.round_fn.init_state(
             [e.initial_params() for e in runs], [e.config.seed for e in runs],
-            {key: [value_of(e.config, key) for e in runs] for key in self.traced}))
-
-
-def value_of(config: ExperimentConfig, key: str):
-    """The value of a config key (a field, or a dotted key into a JSON-valued field)."""
-    return _lookup(config, None)(key)
+            {key: [grouping.values(e.config)[key] for e in runs] for key in self.traced}))
 
 
 def build_batch(configs: list[ExperimentConfig], num_devices: int = 1,
@@ -368,7 +348,7 @@ def batch_of(experiments: list[Experiment], num_devices: int = 1,
     on its own split. Build the experiments with one ``shared`` dict (``build``) so that the
     examples are on the device once."""
     first = experiments[0]
-    traced = traced_keys([e.config for e in experiments])
+    traced = grouping.traced_keys([e.config for e in experiments])
     padding = -len(experiments) % num_devices
 
     def algorithm(hparams):
