@@ -9,7 +9,8 @@ soon as it ends):
   client_chunk  clients vmapped, sequential and in chunks (client_chunk 1, 5, 10, 25, 50) on (b);
   conv          per-client convolutions, XLA's (a grouped conv once vmapped) vs im2col, on (b);
   unroll        the lax.scan over local steps unrolled 1, 2, 5 (all) steps per iteration, on (b);
-  dtype         bfloat16 compute with float32 parameters vs float32, on (b).
+  dtype         bfloat16 compute with float32 parameters vs float32, on (b);
+  runs          R = 1 .. 512 digits-MLP FedAvg runs (own seed, split, lr) in one program.
 Rows are timed as in round_speed.py (``timing.round_robin``: one warm-up round, then the median
 of timed rounds taken round-robin). The report is the section ``GPU rows`` of --out; --only
 replaces one step's part and keeps the others. It needs a GPU; --smoke runs every step at a tiny
@@ -48,6 +49,7 @@ class Scale(NamedTuple):
     chunks: tuple[int, ...]            # client_chunk values of the client_chunk step
     finish_rounds: int                 # rounds of the finish step's whole run
     budget: float                      # seconds a step may run
+    run_counts: tuple[int, ...]        # R of the runs step
 
 
 def tiny_cnn(conv_impl: str) -> Model:
@@ -70,9 +72,9 @@ def smoke_setup(setup: Setup) -> Setup:
 
 
 FULL = Scale("full", SETUPS, timed_rounds=10, slow_rounds=2, chunks=(1, 5, 10, 25, 50),
-             finish_rounds=1500, budget=STEP_BUDGET)
+             finish_rounds=1500, budget=STEP_BUDGET, run_counts=(1, 8, 64, 512))
 SMOKE = Scale("smoke", tuple(smoke_setup(s) for s in SETUPS), timed_rounds=1, slow_rounds=1,
-              chunks=(1, 2, 4), finish_rounds=4, budget=SMOKE_BUDGET)
+              chunks=(1, 2, 4), finish_rounds=4, budget=SMOKE_BUDGET, run_counts=(1, 2))
 
 
 # ---------------------------------------------------------------- report pieces
@@ -222,6 +224,53 @@ def step_dtype(scale: Scale) -> str:
                                     "limit in float32.")
 
 
+def step_runs(scale: Scale) -> str:
+    """R runs of the README's main job (FedAvg, digits MLP, Dirichlet(0.3) over 20 clients, 10
+    per round, 2 local epochs at B16), each with its own seed, split and lr, in ONE program
+    (``make_round(..., runs=R)``, the runs side by side): run-rounds per second against R."""
+    import numpy as np
+
+    import fljax
+    from fljax.data import dirichlet, federate, load_digits, with_parts
+    from fljax.models import make_model
+    from timing import round_robin
+
+    ds = load_digits()
+    model = make_model("mlp", ds.x_train.shape[1:], ds.num_classes)
+    first = federate(ds.x_train, ds.y_train, dirichlet(ds.y_train, 20, 0.3, seed=0),
+                     ds.num_classes)
+    build = lambda h: fljax.fedavg(fljax.local_sgd(h["lr"]))
+    lines = ["| runs R | first round (compiles), s | s/round | run-rounds/s | vs R = 1 |",
+             "|---|---|---|---|---|"]
+    single = None
+    for runs in scale.run_counts:
+        datas = [first] + [with_parts(first, dirichlet(ds.y_train, 20, 0.3, seed=s))
+                           for s in range(1, runs)]
+        round_fn = fljax.make_round(build, model, datas, runs=runs, clients_per_round=10,
+                                    batch_size=16, local_epochs=2)
+        state = round_fn.init_state([model.init(jax.random.PRNGKey(s)) for s in range(runs)],
+                                    list(range(runs)),
+                                    {"lr": [0.05 * (1 + s % 4) for s in range(runs)]})
+
+        def one_round():
+            nonlocal state
+            state = jax.block_until_ready(round_fn(state))[0]
+
+        start = time.perf_counter()
+        one_round()
+        compiled = time.perf_counter() - start
+        timing = round_robin([one_round], [scale.timed_rounds])[0]
+        rate = runs / timing.seconds
+        single = single or rate
+        lines.append(f"| {runs} | {compiled:.2f} | {timing.seconds:.4f} | {rate:,.1f} | "
+                     f"{rate / single:.1f}x |")
+        print(lines[-1], flush=True)
+    return "\n\n".join([
+        run_line(scale), "The README's main job, R runs in one program, each its own seed "
+        "(initial model, cohorts, batches), Dirichlet split and local lr (0.05 to 0.2, traced); "
+        "the runs side by side (vmap, the default off CPU).", "\n".join(lines)])
+
+
 STEPS = {   # name: (title in the report, the step)
     "round_speed": ("1. Setups (a) and (b): default, vmap all, sequential, limit",
                     step_round_speed),
@@ -230,6 +279,7 @@ STEPS = {   # name: (title in the report, the step)
     "conv": ("4. Per-client convolutions on (b): xla vs im2col", step_conv),
     "unroll": ("5. Unrolled local steps on (b)", step_unroll),
     "dtype": ("6. bfloat16 compute on (b)", step_dtype),
+    "runs": ("7. Many runs in one program (digits MLP)", step_runs),
 }
 
 HEADING = "GPU rows (`benchmarks/gpu.py`)"
@@ -254,7 +304,12 @@ def placeholder(name: str) -> str:
 
 def run_step(name: str, smoke: bool, budget: float) -> tuple[str, bool]:
     """(step ``name``'s report part, whether it finished): the step in a child process, killed
-    after ``budget`` seconds."""
+    after ``budget`` seconds; at the smoke scale in this process (the steps share programs)."""
+    if smoke:
+        try:
+            return STEPS[name][1](SMOKE), True
+        except Exception as e:      # the report says which step failed and why
+            return f"Failed: {type(e).__name__}: {e}", False
     with tempfile.TemporaryDirectory() as folder:
         part = os.path.join(folder, "part.md")
         command = [sys.executable, __file__, "--only", name, "--part", part]
@@ -302,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, "gpu.py: --smoke needs --out (smoke numbers do not belong in "
                        "BENCHMARKS.md)\n")
     out = args.out or "BENCHMARKS.md"
-    if args.smoke:   # the steps share programs: each compiles once, in a persistent cache
-        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    if args.smoke and not jax.config.jax_compilation_cache_dir:   # programs shared by steps
+        jax.config.update("jax_compilation_cache_dir", os.path.join(
             tempfile.gettempdir(), "fljax-gpu-smoke-xla-cache"))
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     failed = []
     for name in [args.only] if args.only else list(STEPS):
         print(f"== {STEPS[name][0]}", flush=True)

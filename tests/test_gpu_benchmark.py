@@ -26,6 +26,7 @@ ROWS = {
                                 "limit: one lax.scan"],
     "6. bfloat16 compute": ["float32 [default]", "bfloat16 compute, float32 parameters",
                             "limit: one lax.scan"],
+    "7. Many runs in one program": ["1", "2"],
 }
 NUMBER = r"\d[\d,]*\.?\d*x?"
 
