@@ -59,13 +59,12 @@ def compare(build, hparams, seeds, *, rounds=3, run_chunk=None, probe_list=(), *
     return jax.device_get(state)
 
 
-@pytest.mark.parametrize("run_chunk", [None, 3], ids=["scan_over_runs", "vmap_over_runs"])
+@pytest.mark.parametrize("run_chunk", [None, 2], ids=["scan_over_runs", "vmap_over_runs"])
 def test_fedavg_with_a_probe_batched_equals_alone(run_chunk):
     build = lambda h: algorithms.fedavg(algorithms.local_sgd(
         h["lr"], momentum=h["momentum"], weight_decay=h["weight_decay"], round_decay=0.9))
-    compare(build, {"lr": [0.3, 0.1, 0.5], "momentum": [0.0, 0.5, 0.9],
-                    "weight_decay": [0.0, 0.01, 0.001]}, [0, 1, 2], run_chunk=run_chunk,
-            probe_list=[probes.pseudo_gradient_diversity()])
+    compare(build, {"lr": [0.3, 0.1], "momentum": [0.0, 0.9], "weight_decay": [0.01, 0.0]},
+            [0, 1], run_chunk=run_chunk, probe_list=[probes.pseudo_gradient_diversity()])
 
 
 def test_scaffold_under_bernoulli_participation_batched_equals_alone():
@@ -81,10 +80,13 @@ def test_feddyn_then_fedavg_switches_at_each_runs_own_round():
         return algorithms.switch(dyn, algorithms.fedavg(algorithms.local_sgd(h["lr"])),
                                  h["switch_at"])
 
-    state = compare(build, {"alpha": [0.1, 0.01, 0.3], "lr": [0.1, 0.2, 0.05],
-                            "switch_at": [1, 3, 5]}, [0, 5, 6], rounds=4, aggregation="uniform")
-    # runs 0 and 1 switched (after 1 and 3 rounds), run 2 still runs FedDyn
-    assert [int(d) for d in state.server_state[1]["rounds_done"]] == [4, 4, 4]
+    state = compare(build, {"alpha": [0.1, 0.3], "lr": [0.1, 0.05], "switch_at": [1, 5]},
+                    [5, 6], rounds=3, aggregation="uniform")
+    # run 0 switched after round 1 and trained FedAvg since; run 1 still runs FedDyn, whose h
+    # moved: each run took its own branch
+    assert [int(d) for d in state.server_state[1]["rounds_done"]] == [3, 3]
+    h_mean = state.server_state[0]["state"].h_mean["fc1"]["kernel"]
+    assert np.abs(h_mean[1]).max() > np.abs(h_mean[0]).max() > 0
 
 
 def test_ditto_personal_models_batched_equal_alone():
@@ -97,8 +99,8 @@ def test_fedbug_over_fedprox_with_traced_share_and_mu_batched_equals_alone():
     build = lambda h: gradual_unfreezing(
         algorithms.fedprox(algorithms.local_sgd(0.2, momentum=0.5), mu=h["mu"]), UNITS,
         h["fraction"])
-    compare(build, {"mu": [0.0, 0.1, 0.01], "fraction": [0.5, 1.0, 0.3]}, [0, 1, 2],
-            local_steps=4, local_epochs=None)
+    compare(build, {"mu": [0.1, 0.01], "fraction": [1.0, 0.3]}, [0, 1], local_steps=4,
+            local_epochs=None)
 
 
 def test_an_inactive_run_keeps_its_state_and_the_others_train():
