@@ -39,7 +39,8 @@ _HOMES = {
     "fljax.train": ["results_table", "run", "run_many"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
-_SUBMODULES = ("accounting", "algorithms", "data", "models", "probes", "sweep")
+_SUBMODULES = ("accounting", "algorithms", "data", "experiment", "hyperparams", "models", "probes",
+               "runs", "sweep", "train")
 
 __all__ = sorted(_HOME) + ["probes"]
 

@@ -61,11 +61,15 @@ def test_notebook_is_clean(name):
 def test_quickstart_runs(tmp_path, monkeypatch):
     report = execute("quickstart.ipynb", tmp_path, monkeypatch, rounds=3,
                      report="{'rounds': ROUNDS, 'final_accuracy': float(final_accuracy), "
-                            "'test_acc': test_acc}")
+                            "'test_acc': test_acc, 'grid': grid_accuracy.tolist(), "
+                            "'grid_programs': grid_round.compilations()}")
     assert report["rounds"] == 3
     acc = report["final_accuracy"]
     assert isinstance(acc, float) and 0.0 <= acc <= 1.0, acc
     assert len(report["test_acc"]) == 1  # 3 rounds with EVAL_EVERY=5: evaluated once, at the end
+    grid = report["grid"]                 # 3 lrs x 5 seeds, one program
+    assert len(grid) == 3 and all(len(row) == 5 and all(0 <= a <= 1 for a in row) for row in grid)
+    assert report["grid_programs"] == 1
 
 
 def test_new_algorithm_notebook_checks_its_algorithm_against_fedavg(tmp_path, monkeypatch):
