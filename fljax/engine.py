@@ -145,8 +145,8 @@ class RoundFunction:
         algorithm from them. Batched (``runs=R``): ``params`` is one model for every run or a
         list of R, ``seed`` a list of R seeds and ``hparams`` {name: [R numbers]}; each run's
         values are checked on the host (its algorithm is built from them) first."""
-        dtype = jax.tree.leaves(params)[0].dtype if self.runs is None or not isinstance(
-            params, (list, tuple)) else jax.tree.leaves(params[0])[0].dtype
+        one_model = params[0] if isinstance(params, (list, tuple)) else params
+        dtype = jax.tree.leaves(one_model)[0].dtype      # the hyperparameters' float dtype
         if self.runs is None:
             values = hparams_of(hparams or {}, dtype)
             algorithm = self._build(values)
@@ -243,11 +243,13 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     leading run axis (``round_fn.init_state(params, seeds, hparams)``), each run has its own
     seed and hyperparameter values, ``data`` is one FederatedData for every run or a list of R
     (each run's own split; the runs must have the same number of clients), and the metrics
-    have a leading run axis. Runs go side by side (vmap), ``run_chunk`` at a time (a scan over
-    chunks; default all). Run r of a batch samples the cohorts and batches of the same run
-    alone and reaches the same model up to float rounding. Under vmap a conditional on a
-    per-run value computes both branches: a Bernoulli round trains every slot (not only the
-    chunks that hold someone), and a ``switch`` computes both algorithms' local work.
+    have a leading run axis; ``num_devices`` spreads the runs over devices. ``run_chunk`` runs
+    go side by side (vmap) at a time, a scan over the chunks; default 1 on CPU (one run after
+    another: each as fast as alone), all of a device's on GPU. Run r of a batch samples the
+    cohorts and batches of the same run alone and reaches the same model up to float rounding.
+    Side by side, a conditional on a per-run value computes both branches: a Bernoulli round
+    trains every slot (not only the chunks that hold someone), and a ``switch`` computes both
+    algorithms' local work.
 
     Local work is exactly one of ``local_steps`` (K steps) or ``local_epochs`` (E passes, i.e.
     E*ceil(n_i/B) steps for client i; clients with fewer steps mask the rest). ``batch_size=None``
