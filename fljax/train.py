@@ -353,8 +353,8 @@ def run_batch(batch: Batch, *, progress: bool = True,
                 for r, run in enumerate(runs):
                     if r not in diverged and done[r] and run.checkpoints.latest_round() != done[r]:
                         run.save(int(done[r]), take(state, r))
-                raise RunInterrupted(int(done.min()), os.path.dirname(
-                    runs[0].checkpoints.directory))
+                raise RunInterrupted(int(done[:size].min()), os.path.commonpath(
+                    [run.checkpoints.directory for run in runs]))
     return [diverged.get(r) or run.evaluations() for r, run in enumerate(runs)]
 
 

@@ -17,8 +17,9 @@ from fljax.train import run
 from tests.test_resume import records
 
 TINY = ["--rounds", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet",
-        "--num-clients", "6", "--clients-per-round", "3", "--local-steps", "2",
-        "--validation-fraction", "0.1"]
+        "--num-clients", "7", "--clients-per-round", "3", "--local-steps", "2",
+        "--validation-fraction", "0.1", "--new-users", "0.2", "--user-test-fraction", "0.2",
+        "--finetune-steps", "2"]
 
 
 def without_time(lines):
@@ -26,9 +27,10 @@ def without_time(lines):
 
 
 def test_a_grid_of_seeds_and_lrs_trains_in_one_program_and_equals_each_run_alone(tmp_path):
-    """In a child process (two CPU devices: the runs are spread over both), 2 lrs x 2 seeds:
-    every run's log equals the same run alone (one device, its own program), checkpoints and
-    config per run, and the table."""
+    """In a child process (two CPU devices: the runs are spread over both), 2 lrs x 2 seeds with
+    a validation split and personalized evaluation of new and existing users: every run's log
+    equals the same run alone (one device, its own program), checkpoints and config per run,
+    and the table."""
     out = tmp_path / "grid"
     done = subprocess.run([sys.executable, "-m", "fljax", *TINY, "--out-dir", str(out),
                            "--seeds", "0-1", "--set", "lr=0.05,0.2"],
@@ -38,12 +40,14 @@ def test_a_grid_of_seeds_and_lrs_trains_in_one_program_and_equals_each_run_alone
     assert "| lr=0.05 | 2 |" in done.stdout and "| lr=0.2 | 2 |" in done.stdout
     assert (out / "results.md").read_text().strip() in done.stdout
     config = ExperimentConfig().replace(**{
-        "rounds": 4, "eval_every": 2, "checkpoint_every": 2, "num_clients": 6,
+        "rounds": 4, "eval_every": 2, "checkpoint_every": 2, "num_clients": 7,
         "clients_per_round": 3, "local_steps": 2, "local_epochs": None,
-        "validation_fraction": 0.1, "lr": 0.2, "seed": 1, "out_dir": str(tmp_path / "alone")})
+        "validation_fraction": 0.1, "new_users": 0.2, "user_test_fraction": 0.2,
+        "finetune_steps": 2, "lr": 0.2, "seed": 1, "out_dir": str(tmp_path / "alone")})
     run(config, progress=False)
     batched = out / "lr_0.2" / "seed_1"
     assert without_time(records(str(batched))) == without_time(records(config.out_dir))
+    assert "new_test_acc" in records(config.out_dir)[-1]
     assert json.loads((batched / "config.json").read_text())["lr"] == 0.2
     assert sorted(os.listdir(batched / "checkpoints")) == ["2", "4"]
 
