@@ -11,6 +11,8 @@ A checkpoint that cannot be read (damaged on disk) is passed over for the newest
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import os
 import sys
 from typing import Any
@@ -47,7 +49,8 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
                                                enable_async_checkpointing=False)
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            with _quiet():
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
         except Exception as e:  # orbax raises many kinds on an unreadable directory
             raise FljaxError(f"checkpoint directory {self.directory!r} cannot be opened: "
                              f"{_first_line(e)}") from None
@@ -64,8 +67,9 @@ class Checkpoints:
     def saved_config(self, round_index: int) -> dict[str, Any]:
         """The config saved with checkpoint ``round_index``; Damaged if it cannot be read."""
         try:
-            restored = self._manager.restore(round_index, args=ocp.args.Composite(
-                config=ocp.args.JsonRestore()))
+            with _quiet():
+                restored = self._manager.restore(round_index, args=ocp.args.Composite(
+                    config=ocp.args.JsonRestore()))
         except Exception as e:
             raise Damaged(round_index, f"checkpoint {round_index} in {self.directory!r} is "
                           f"damaged or was not written by fljax: its config cannot be read "
@@ -89,8 +93,9 @@ class Checkpoints:
         error = None
         for older in (abstract, *_without_new_empty_fields(abstract)):
             try:
-                restored = self._manager.restore(round_index, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(older)))
+                with _quiet():
+                    restored = self._manager.restore(round_index, args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(older)))
             except Exception as e:
                 error = error or e
                 continue
@@ -108,7 +113,9 @@ class Checkpoints:
         Raises FljaxError if a checkpoint is from another experiment or none can be read.
         """
         damaged = []
-        for round_index in sorted(self._manager.all_steps(), reverse=True):
+        with _quiet():
+            rounds = sorted(self._manager.all_steps(), reverse=True)
+        for round_index in rounds:
             try:
                 return round_index, self.restore(round_index, like, config, defaults), damaged
             except Damaged as e:
@@ -129,7 +136,8 @@ class Checkpoints:
             copy += 1
             target = os.path.join(where, f"{round_index}.{copy}")
         os.rename(os.path.join(self.directory, str(round_index)), target)
-        self._manager.reload()
+        with _quiet():
+            self._manager.reload()
         return target
 
     def close(self) -> None:
@@ -171,22 +179,41 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
 def _ignore_abandoned_reads() -> None:
     """Drop the reports of the reads orbax abandons when it gives up on a damaged checkpoint.
 
-    Orbax stops at the first failed read and closes its event loop; the reads still in flight
-    then report ``RuntimeError('Event loop is closed')`` as unraisable exceptions, from background
-    threads, possibly after the program has reported the error. Those reports (and only those)
-    are dropped, from the first restore on.
+    Orbax stops at the first failed read; the reads still in flight are coroutines that end with
+    the same TensorStore error, or ``RuntimeError('Event loop is closed')``, after the loop has
+    closed, and Python reports them as unraisable exceptions from background threads or the
+    garbage collector, possibly after the program has reported the error. Those reports (and only
+    those: the exception of an orbax coroutine, or the closed loop) are dropped, from the first
+    restore on.
     """
     previous = sys.unraisablehook
     if getattr(previous, "ignores_abandoned_reads", False):
         return
 
     def hook(unraisable):
-        error = unraisable.exc_value
-        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        error, source = unraisable.exc_value, unraisable.object
+        code = getattr(source, "cr_code", None)
+        abandoned = (code is not None and "orbax" in code.co_filename) or (
+            isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+        if not abandoned:
             previous(unraisable)
 
     hook.ignores_abandoned_reads = True
     sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Orbax's own log lines (absl's logger: a missing or unparsable metadata file, ...) held
+    back while fljax probes checkpoints: what is wrong with one is fljax's one warning or error
+    line."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _first_line(error: Exception) -> str:
