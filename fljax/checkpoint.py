@@ -21,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from fljax.config import current_names
-from fljax.errors import FljaxError
+from fljax.errors import RESUME, FljaxError, os_reason
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
@@ -59,10 +59,21 @@ class Checkpoints:
         return self._manager.latest_step()
 
     def save(self, round_index: int, state: Any, config: dict[str, Any]) -> None:
-        """Write ``state`` and ``config`` as the checkpoint of ``round_index`` (blocking)."""
-        self._manager.save(round_index, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config)), force=True)
-        self._manager.wait_until_finished()
+        """Write ``state`` and ``config`` as the checkpoint of ``round_index`` (blocking). A write
+        that fails (a full disk) is a one-line FljaxError; orbax wrote into a temporary directory,
+        so the older checkpoints are whole (the next start removes what it left)."""
+        try:
+            with _quiet():
+                self._manager.save(round_index, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config)),
+                    force=True)
+                self._manager.wait_until_finished()
+        except Exception as e:  # orbax and TensorStore raise many kinds
+            kept = self.latest_round()
+            raise FljaxError(f"cannot write checkpoint {round_index} in {self.directory!r} "
+                             f"({os_reason(e)}); " + (f"checkpoint {kept} and the records up "
+                                                      f"to it are intact, " if kept else "")
+                             + RESUME) from None
 
     def saved_config(self, round_index: int) -> dict[str, Any]:
         """The config saved with checkpoint ``round_index``; Damaged if it cannot be read."""
@@ -204,9 +215,9 @@ def _ignore_abandoned_reads() -> None:
 
 @contextlib.contextmanager
 def _quiet():
-    """Orbax's own log lines (absl's logger: a missing or unparsable metadata file, ...) held
-    back while fljax probes checkpoints: what is wrong with one is fljax's one warning or error
-    line."""
+    """Orbax's own log lines (absl's logger: a missing or unparsable metadata file, a failed
+    write's traceback, ...) held back while fljax reads or writes checkpoints: what went wrong is
+    fljax's one warning or error line."""
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.CRITICAL + 1)

@@ -1,8 +1,36 @@
 """The one exception fljax raises for bad input, so the CLI can report it in one line."""
 
+import contextlib
+import os
+import re
+
 
 class FljaxError(ValueError):
     """A bad value, name, file or dataset, with a one-line message naming it and what is allowed.
 
     The CLI prints ``error: <message>`` and exits with code 2; library callers get a ValueError.
     """
+
+
+RESUME = "nothing written before is lost: free space and run the same command again to resume"
+
+
+def os_reason(error: BaseException) -> str:
+    """The operating system's words for why a write failed (an OSError's, or the errno a
+    library's message carries, as TensorStore's ``[os_error_code='28']``), else the message's
+    first line."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    code = re.search(r"os_error_code='(\d+)'", str(error))
+    if code:
+        return os.strerror(int(code.group(1)))
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+@contextlib.contextmanager
+def writing(what: str):
+    """An OSError while writing ``what`` (a full disk, a file size limit) as one FljaxError."""
+    try:
+        yield
+    except OSError as e:
+        raise FljaxError(f"cannot write {what} ({os_reason(e)}); {RESUME}") from None

@@ -17,7 +17,7 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 
-from fljax.errors import FljaxError
+from fljax.errors import FljaxError, writing
 
 
 def read_log(path: str) -> list[dict[str, Any]]:
@@ -57,18 +57,19 @@ class RunLog:
         kept = [] if resume_round is None else [
             r for r in read_log(self.path) if r.get("round", 0) <= resume_round]
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self._file = open(self.path, "a")
-        tb = os.path.join(out_dir, "tb")
-        os.makedirs(tb, exist_ok=True)
-        # One event file per session, named in time order (TensorBoard reads them in name order).
-        self._tb = EventsWriter(os.path.join(tb, "events"), f".{time.time_ns()}")
-        self._tb.write_event(Event(wall_time=time.time(), step=(resume_round or 0) + 1,
-                                   session_log=SessionLog(status=SessionLog.START)))
+        with writing(repr(self.path)):
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            self._file = open(self.path, "a")
+            tb = os.path.join(out_dir, "tb")
+            os.makedirs(tb, exist_ok=True)
+            # One event file per session, named in time order (TensorBoard reads them so).
+            self._tb = EventsWriter(os.path.join(tb, "events"), f".{time.time_ns()}")
+            self._tb.write_event(Event(wall_time=time.time(), step=(resume_round or 0) + 1,
+                                       session_log=SessionLog(status=SessionLog.START)))
 
     def round(self, round_index: int, train_loss: float, clients: list[int], time_s: float,
               extras: dict[str, float] | None = None):
@@ -83,24 +84,36 @@ class RunLog:
         """One evaluation's record, flushed (not yet committed) so that it can be read at once."""
         self._write({"kind": "eval", "round": round_index, **scores, "time_s": time_s},
                     {f"test/{k}": v for k, v in scores.items()})
-        self._file.flush()
+        with writing(repr(self.path)):
+            self._file.flush()
 
     def _write(self, record: dict[str, Any], scalars: dict[str, float]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._tb.write_event(Event(wall_time=time.time(), step=record["round"], summary=Summary(
-            value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()
-                   if math.isfinite(value)])))   # e.g. a cosine before any client has a previous
+        with writing(repr(self.path)):
+            self._file.write(json.dumps(record) + "\n")
+            self._tb.write_event(Event(
+                wall_time=time.time(), step=record["round"], summary=Summary(value=[
+                    Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()
+                    if math.isfinite(value)])))   # e.g. a cosine before a client has a previous
 
     def commit(self) -> None:
         """Put every record written so far on disk (flush and fsync both files)."""
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._tb.flush()
+        with writing(repr(self.path)):
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._tb.flush()
 
     def close(self) -> None:
-        self.commit()
-        self._file.close()
-        self._tb.close()
+        """Commit and close; a commit that fails here loses only records no checkpoint covers
+        (every checkpoint is written after a commit), so it is not an error."""
+        try:
+            self.commit()
+        except FljaxError:
+            pass
+        for file in (self._file, self._tb):
+            try:
+                file.close()
+            except OSError:
+                pass
 
 
 class SilentLog(RunLog):

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from fljax.accounting import param_bytes, round_bytes
 from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
-from fljax.errors import FljaxError
+from fljax.errors import FljaxError, writing
 from fljax.experiment import Batch, Experiment, batch_memory, batch_of, build
 from fljax.logs import RunLog, SilentLog, read_log
 from fljax.multihost import barrier, check_devices, is_primary, start as start_processes
@@ -71,11 +71,12 @@ def write_file(path: str, text: str) -> None:
     """Replace the file ``path`` by ``text`` atomically: a kill leaves the old or the new file,
     never a part of one."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with writing(repr(path)):
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,81 @@
+"""A full disk while saving a checkpoint or appending to metrics.jsonl: one line, a non-zero exit,
+the previous checkpoint and every record written before intact, and once there is room again the
+same command resumes to the uninterrupted run's state and log.
+
+The disk fills by a file-size limit (``ulimit -f``, RLIMIT_FSIZE, with SIGXFSZ ignored so that a
+write past it fails with EFBIG instead of killing the process): the checkpoint's array data, or
+the growing log, is the file that outgrows it.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from fljax.checkpoint import Checkpoints
+from fljax.cli import main
+from fljax.config import ExperimentConfig
+from tests.test_resume import final_state, records
+
+RUN = ["--checkpoint-every", "2", "--eval-every", "1", "--quiet", "--num-clients", "10",
+       "--clients-per-round", "4", "--local-epochs", "1"]
+
+
+def limited_run(out_dir: str, rounds: int, kilobytes: int) -> subprocess.CompletedProcess:
+    """The CLI in a child process whose files may not grow past ``kilobytes`` (bash's
+    ``ulimit -f``, SIGXFSZ ignored; no compilation cache: its entries are files too)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "fljax", *RUN, "--rounds",
+                                                str(rounds), "--out-dir", out_dir])
+    return subprocess.run(["bash", "-c", f"ulimit -f {kilobytes}; trap '' XFSZ; exec {command}"],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("whole") / "run")
+    assert main(RUN + ["--rounds", "6", "--out-dir", out]) == 0
+    return out
+
+
+def snapshot(run_dir):
+    """Every checkpoint's files and the log's committed records."""
+    files = {}
+    for root, _, names in os.walk(os.path.join(run_dir, "checkpoints")):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as f:
+                files[os.path.relpath(os.path.join(root, name), run_dir)] = f.read()
+    return files, records(run_dir)
+
+
+@pytest.mark.parametrize("full", ["checkpoint", "log"])
+def test_a_full_disk_is_one_line_loses_nothing_and_the_resume_is_bit_identical(
+        full, uninterrupted, tmp_path):
+    run_dir = str(tmp_path / "run")
+    assert main(RUN + ["--rounds", "4", "--out-dir", run_dir]) == 0   # checkpoints 2 and 4
+    before_files, before_records = snapshot(run_dir)
+    # checkpoint: the array data (~200 kB) outgrows 150 kB; log: metrics.jsonl (~2.5 kB) outgrows
+    # the kilobyte it started in (config.json, 1.2 kB, fits)
+    size = 150 if full == "checkpoint" else 1 + os.path.getsize(
+        os.path.join(run_dir, "metrics.jsonl")) // 1024
+    done = limited_run(run_dir, 6, size)
+    err = done.stderr.splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr[-3000:]
+    what = "cannot write checkpoint 6" if full == "checkpoint" else "metrics.jsonl' (File too"
+    assert err[0].startswith("fljax: error: cannot write") and what in err[0], err[0]
+    assert "run the same command again to resume" in err[0]
+    files, logged = snapshot(run_dir)
+    assert {k: v for k, v in files.items() if ".orbax-checkpoint-tmp" not in k} == before_files
+    assert logged[:len(before_records)] == before_records      # every committed record intact
+    assert Checkpoints(run_dir).latest_round() == 4
+    assert main(RUN + ["--rounds", "6", "--out-dir", run_dir]) == 0       # room again
+    config = ExperimentConfig().replace(rounds=6, checkpoint_every=2, eval_every=1,
+                                        num_clients=10, clients_per_round=4, local_epochs=1)
+    want = final_state(uninterrupted, config.replace(out_dir=uninterrupted))
+    got = final_state(run_dir, config.replace(out_dir=run_dir))
+    assert all((a == b).all() for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    assert records(run_dir) == records(uninterrupted)
+    assert not [d for d in os.listdir(os.path.join(run_dir, "checkpoints")) if "tmp" in d]
