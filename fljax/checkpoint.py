@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -21,7 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from fljax.config import current_names
-from fljax.errors import RESUME, FljaxError, os_reason
+from fljax.errors import RESUME, SPACE, FljaxError, os_reason
 
 # Config fields that may change when a run resumes: they do not change the experiment itself.
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
@@ -46,7 +47,13 @@ class Checkpoints:
         if os.path.exists(self.directory) and not os.path.isdir(self.directory):
             raise FljaxError(f"{self.directory!r} is not a directory, so it cannot hold the "
                              f"run's checkpoints; move it away or use another --out-dir")
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
+        # What a write cut short (a kill, a full disk) left: removed here, before orbax starts
+        # (its own clean-up runs in the background and races the next save's).
+        if os.path.isdir(self.directory):
+            for name in os.listdir(self.directory):
+                if ".orbax-checkpoint-tmp" in name:
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=False,
                                                enable_async_checkpointing=False)
         try:
             with _quiet():
@@ -69,11 +76,11 @@ class Checkpoints:
                     force=True)
                 self._manager.wait_until_finished()
         except Exception as e:  # orbax and TensorStore raise many kinds
-            kept = self.latest_round()
+            kept, reason = self.latest_round(), os_reason(e)
             raise FljaxError(f"cannot write checkpoint {round_index} in {self.directory!r} "
-                             f"({os_reason(e)}); " + (f"checkpoint {kept} and the records up "
-                                                      f"to it are intact, " if kept else "")
-                             + RESUME) from None
+                             f"({reason or _first_line(e)}); " + (
+                                 f"checkpoint {kept} and the records up to it are intact, "
+                                 if kept else "") + (SPACE if reason else RESUME)) from None
 
     def saved_config(self, round_index: int) -> dict[str, Any]:
         """The config saved with checkpoint ``round_index``; Damaged if it cannot be read."""

@@ -12,19 +12,18 @@ class FljaxError(ValueError):
     """
 
 
-RESUME = "nothing written before is lost: free space and run the same command again to resume"
+RESUME = "nothing written before is lost: run the same command again to resume"
+SPACE = "nothing written before is lost: free space and run the same command again to resume"
 
 
-def os_reason(error: BaseException) -> str:
+def os_reason(error: BaseException) -> str | None:
     """The operating system's words for why a write failed (an OSError's, or the errno a
-    library's message carries, as TensorStore's ``[os_error_code='28']``), else the message's
-    first line."""
+    library's message carries, as TensorStore's ``[os_error_code='28']``); None if it is no
+    operating-system error."""
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     code = re.search(r"os_error_code='(\d+)'", str(error))
-    if code:
-        return os.strerror(int(code.group(1)))
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    return os.strerror(int(code.group(1))) if code else None
 
 
 @contextlib.contextmanager
@@ -33,4 +32,4 @@ def writing(what: str):
     try:
         yield
     except OSError as e:
-        raise FljaxError(f"cannot write {what} ({os_reason(e)}); {RESUME}") from None
+        raise FljaxError(f"cannot write {what} ({os_reason(e) or e}); {SPACE}") from None

@@ -29,7 +29,8 @@ from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError, writing
 from fljax.experiment import Batch, Experiment, batch_memory, batch_of, build
 from fljax.logs import RunLog, SilentLog, read_log
-from fljax.multihost import barrier, check_devices, is_primary, start as start_processes
+from fljax.multihost import (agree_to_stop, barrier, check_devices, failed, finished,
+                             is_primary, on_stopped, start as start_processes)
 from fljax.personalize import finetune_key
 from fljax.placement import to_host
 from fljax.runs import stack, take
@@ -226,6 +227,17 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     """
     config.validate()
     start_processes(config.coordinator_address, config.num_processes, config.process_id)
+    try:
+        return _run(config, progress, fresh, experiment)
+    except RunInterrupted:
+        raise
+    except Exception as e:    # the other processes of a multi-process run stop, told why
+        failed(e)
+        raise
+
+
+def _run(config: ExperimentConfig, progress: bool, fresh: bool,
+         experiment: Experiment | None) -> list[dict[str, Any]]:
     check_devices(config.num_devices)
     experiment = experiment or build(config)
     primary = is_primary()
@@ -248,9 +260,11 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                 bar.set_postfix(run.postfix)
                 bar.update(1)
 
-            pending = None
+            on_stopped(lambda: newest_checkpoint(run.checkpoints.directory))
+            pending, stop = None, False
             for t in range(done, config.rounds):
-                if interrupt["stop"]:
+                stop = agree_to_stop(interrupt["stop"])   # every process stops after one round
+                if stop:
                     break
                 state, metrics = experiment.round_fn(state)
                 if pending is not None:
@@ -266,12 +280,24 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
                     run.save(t + 1, state)
             if pending is not None:
                 record(*pending)
-            if interrupt["stop"]:
-                finished = int(state.round)
-                if finished and run.checkpoints.latest_round() != finished:
-                    run.save(finished, state)
-                raise RunInterrupted(finished, run.checkpoints.directory)
+            if stop or agree_to_stop(interrupt["stop"]):
+                round_done = int(state.round)
+                if round_done and run.checkpoints.latest_round() != round_done:
+                    run.save(round_done, state)
+                finished()
+                raise RunInterrupted(round_done, run.checkpoints.directory)
+    finished()
     return run.evaluations()
+
+
+def newest_checkpoint(directory: str) -> str:
+    """Where a stopped multi-process run resumes from (read from the directory alone: it is
+    asked from the watchdog's thread while the main one may be writing)."""
+    rounds = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(
+        directory) else []
+    where = f"checkpoint {max(rounds)} in {directory!r} is whole" if rounds else \
+        "no checkpoint was written yet"
+    return f"{where}: run the same commands again to resume"
 
 
 def run_batch(batch: Batch, *, progress: bool = True,
