@@ -20,8 +20,8 @@ ALGORITHM_NAMES = ["ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm
                    "feddecorr", "feddyn", "fedem", "fedexp", "fedga", "fedinit", "fednova",
                    "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fomaml", "gradalign",
                    "lbsgd", "moon", "pfedme", "reptile", "scaffold"]
-WRAPPER_NAMES = ["fedbn", "gradual_unfreezing", "local_decay", "local_layers", "relaxed_init",
-                 "switch"]
+WRAPPER_NAMES = ["dp", "fedbn", "gradual_unfreezing", "local_decay", "local_layers",
+                 "relaxed_init", "switch"]
 
 # Where each public name lives. They are imported on first use (PEP 562), so ``import fljax`` and
 # the CLI start in milliseconds and Ctrl-C during the heavy imports (jax, orbax) is the CLI's.
@@ -39,8 +39,8 @@ _HOMES = {
     "fljax.train": ["results_table", "run", "run_many"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
-_SUBMODULES = ("accounting", "algorithms", "data", "experiment", "hyperparams", "models", "probes",
-               "runs", "sweep", "train")
+_SUBMODULES = ("accounting", "algorithms", "data", "experiment", "hyperparams", "models",
+               "privacy", "probes", "runs", "sweep", "train")
 
 __all__ = sorted(_HOME) + ["probes"]
 

@@ -21,7 +21,7 @@ from fljax.errors import FljaxError
 # What the experiment fills in rather than the JSON arguments: besides a factory's first argument
 # (the local optimizer, the learning rate, or the wrapped algorithm), these arguments, and
 # lbsgd's SGD flags.
-FILLED = ("model", "server_lr", "server_optimizer", "name")
+FILLED = ("model", "server_lr", "server_optimizer", "name", "cohort_size")
 LBSGD_FLAGS = ("weight_decay", "momentum", "clip_norm")
 # gradual_unfreezing takes units of parameter groups; the experiment builds them from this one.
 UNIT = inspect.Parameter("unit", inspect.Parameter.KEYWORD_ONLY, default="M", annotation="str")

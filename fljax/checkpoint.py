@@ -185,6 +185,11 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
     counts under its current name.
     """
     saved = {**(defaults or {}), **current_names(saved)}
+    if current.get("target_epsilon") is not None and saved.get("rounds") != current.get("rounds"):
+        raise FljaxError(f"the checkpoint in {where!r} calibrated its DP noise to target_epsilon "
+                         f"{current['target_epsilon']} over rounds={saved.get('rounds')}; "
+                         f"rounds={current.get('rounds')} would change the noise of the rounds "
+                         f"left: keep rounds, or give the dp wrapper's noise_multiplier")
     for key in sorted(set(saved) | set(current)):
         if key in RESUMABLE_CHANGES:
             continue

@@ -25,10 +25,19 @@ class Cohort(NamedTuple):
     size: jax.Array      # shape=(), int32: |S^t|
 
 
+SERVER_STREAM = 0x5E4E   # fold_in data of the server's key, beside round_key's split
+
+
 def round_key(key: jax.Array, round_index: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(cohort key, client key) of round t, derived from the root key only."""
     sample_key, client_key = jax.random.split(jax.random.fold_in(key, round_index))
     return sample_key, client_key
+
+
+def server_key(key: jax.Array, round_index: jax.Array) -> jax.Array:
+    """The key of round t's server-side randomness (``Algorithm.perturb``), derived from the
+    root key only: independent of the cohort and client keys."""
+    return jax.random.fold_in(jax.random.fold_in(key, round_index), SERVER_STREAM)
 
 
 def client_keys(client_key: jax.Array, client_id: jax.Array) -> jax.Array:

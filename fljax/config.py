@@ -16,8 +16,10 @@ from fljax import algorithms
 from fljax.arguments import check_kwargs, settable
 from fljax.data.augment import AUGMENTATIONS
 from fljax.engine import PARTICIPATIONS
+from fljax.data.users import held_out
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
+from fljax.privacy import ACCOUNTANTS, accountant, calibrate, default_delta, epsilon
 from fljax.probes import PROBES
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
@@ -26,11 +28,13 @@ ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "f
               "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile", "ditto",
               "pfedme", "fedem")
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
-# Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI).
-WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn")
+# Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI),
+# FedBN, user-level DP (outermost: it privatizes what the others send).
+WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "dp")
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.
-GROUPS = ("data", "model", "algorithm", "local training", "server", "evaluation", "output", "run")
+GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "evaluation",
+          "output", "run")
 RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -124,6 +128,13 @@ class ExperimentConfig:
                                       "--local-steps)")
     batch_size: int = option(16, "local training", "local batch size; 0: each client's whole "
                              "local dataset")
+    target_epsilon: float | None = option(None, "privacy", "with the dp wrapper: calibrate its "
+                                          "noise_multiplier so that the planned rounds spend this "
+                                          "epsilon (instead of giving noise_multiplier)")
+    dp_delta: float | None = option(None, "privacy", "with the dp wrapper: the delta of the "
+                                    "(epsilon, delta) spent; default N^-1.1 for N training users")
+    accountant: str = option("rdp", "privacy", f"with the dp wrapper: dp_accounting's accountant, "
+                             f"{' or '.join(ACCOUNTANTS)} (pld: Bernoulli participation only)")
     new_users: float = option(0.0, "evaluation", "personalized evaluation: share of the clients "
                               "held out of training (new users)")
     user_val_fraction: float = option(0.0, "evaluation", "share of each user's examples kept for "
@@ -254,7 +265,36 @@ class ExperimentConfig:
             raise FljaxError(f"target_accuracy must be in (0, 1] or unset, got "
                              f"{self.target_accuracy}")
         self.options                # the JSON-valued fields, parsed and checked
+        if "dp" not in self.options.wrappers:
+            for name in ("target_epsilon", "dp_delta"):
+                if getattr(self, name) is not None:
+                    raise FljaxError(f"{name} needs the dp wrapper (--wrappers '{{\"dp\": "
+                                     f"{{...}}}}'), got {name}={getattr(self, name)}")
         return self
+
+    def users(self) -> int:
+        """The number of training users: the clients less the new users held out."""
+        if self.user_test_fraction == 0:
+            return self.num_clients
+        return self.num_clients - held_out(self.num_clients, self.new_users)
+
+    def delta(self) -> float:
+        """The delta of a DP run's (epsilon, delta): --dp-delta, else N^-1.1."""
+        return self.dp_delta if self.dp_delta is not None else default_delta(self.users())
+
+    def privacy_spent(self, rounds: int) -> dict[str, float]:
+        """{'epsilon', 'delta', 'noise_multiplier'} of ``rounds`` rounds of a DP run ({} without
+        dp): a function of the round count a checkpoint holds, so a resumed run reports what an
+        uninterrupted one does."""
+        args = self.options.wrappers.get("dp")
+        if args is None:
+            return {}
+        delta = self.delta()
+        z = args["noise_multiplier"]
+        return {"epsilon": epsilon(z, rounds, delta, cohort_size=self.clients_per_round,
+                                   num_clients=self.users(), participation=self.participation,
+                                   accountant_name=self.accountant),
+                "delta": delta, "noise_multiplier": z}
 
     @functools.cached_property
     def options(self) -> "Options":
@@ -385,7 +425,8 @@ def parse_options(config: ExperimentConfig) -> Options:
         if not isinstance(given[name], dict):
             raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
                              f"{given[name]!r}")
-        wrappers[name] = arguments(name, getattr(algorithms, name), given[name], "wrapper")
+        args = given[name] if name != "dp" else private(config, given[name])
+        wrappers[name] = arguments(name, getattr(algorithms, name), args, "wrapper")
     factory = server_optimizer_factory(config.server_optimizer)
     server_args = json_object("server_optimizer_args", config.server_optimizer_args)
     if "learning_rate" in server_args:
@@ -407,6 +448,24 @@ def parse_options(config: ExperimentConfig) -> Options:
         probe_arguments(name, PROBES[name], probe_args.setdefault(name, {}), "probe")
     return Options(algorithm_args, switch_args, switch_when, wrappers, factory, server_args,
                    probes, probe_args)
+
+
+def private(config: ExperimentConfig, args: dict) -> dict:
+    """The dp wrapper's arguments, its noise multiplier calibrated to --target-epsilon for the
+    planned rounds if that is set (``fljax.privacy.calibrate``); the accounting settings
+    checked."""
+    if config.dp_delta is not None and not 0 < config.dp_delta < 1:
+        raise FljaxError(f"dp_delta must be in (0, 1), got {config.dp_delta}")
+    accountant(config.accountant, config.participation)
+    if config.target_epsilon is None:
+        return args
+    if "noise_multiplier" in args:
+        raise FljaxError(f"the dp wrapper's noise_multiplier ({args['noise_multiplier']}) and "
+                         f"target_epsilon ({config.target_epsilon}) both set the noise; give one")
+    return {**args, "noise_multiplier": calibrate(
+        config.target_epsilon, config.rounds, config.delta(), cohort_size=config.clients_per_round,
+        num_clients=config.users(), participation=config.participation,
+        accountant_name=config.accountant)}
 
 
 def probe_arguments(name: str, factory: Callable, args: dict, what: str) -> None:

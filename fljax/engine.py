@@ -27,7 +27,8 @@ from fljax.algorithms.base import Algorithm, Params
 from fljax.clients import (LocalWork, client_context, full_gradient, joined_only, local_training,
                            map_sum, model_loss)
 from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client_keys,
-                          cohort_weights, draw_cohort, round_key, sample_cohort, stream_keys)
+                          cohort_weights, draw_cohort, round_key, sample_cohort, server_key,
+                          stream_keys)
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model
@@ -311,6 +312,9 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
         (client_states, probe_clients), (message, probe_sums), metrics = train_cohort(
             cohort, _rows(state), state.params, state.server_state, state.round, client_key,
             data)
+        if algorithm.perturb is not None:
+            message = algorithm.perturb(message, state.server_state,
+                                        server_key(state.key, state.round))
         params, server_state = algorithm.server_update(state.params, state.server_state, message,
                                                        state.round)
         new_state = state._replace(round=state.round + 1, params=params,

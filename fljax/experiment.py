@@ -119,7 +119,9 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
     """Apply the config's wrappers (WRAPPERS order): FedBug's gradual unfreezing (``fraction``,
     ``unit`` 'M' or 'B' for ResNets, ``order``, ``frozen_last``), FedDecay's local decay
     (``beta``, ``schedule``, ``per``), relaxed initialization (``beta``, ``aggregate``), FedBN
-    (``{}``: the model's normalization layers stay local)."""
+    (``{}``: the model's normalization layers stay local), user-level DP (``clip_norm``,
+    ``noise_multiplier`` or --target-epsilon, adaptive clipping's ``target_quantile``, ...; the
+    expected cohort is clients_per_round)."""
     value = with_values(config, values)
     for wrapper, given in config.options.wrappers.items():
         args = arguments(value, f"wrappers.{wrapper}", given)
@@ -128,6 +130,8 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
             leading.append(unfreeze_units(model, args.pop("unit", "M")))
         if wrapper == "fedbn":
             leading.append(jax.eval_shape(model.init, jax.random.key(0)))
+        if wrapper == "dp":
+            args["cohort_size"] = config.clients_per_round
         algorithm = getattr(algorithms, wrapper)(*leading, **args)
     return algorithm
 

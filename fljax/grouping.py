@@ -33,7 +33,9 @@ DATA_FIELDS = ("seed", "partition", "dirichlet_alpha", "min_size", "replacement"
                "classes_per_client", "validation_fraction", "user_val_fraction",
                "user_test_fraction")
 RUN_FIELDS = ("rounds", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir",
-              "target_accuracy")
+              "target_accuracy", "target_epsilon", "dp_delta", "accountant")
+# (target_epsilon sets the dp wrapper's noise_multiplier, a traced value; delta and the
+#  accountant are the host's accounting)
 
 
 def values(config: ExperimentConfig) -> dict[str, Any]:

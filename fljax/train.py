@@ -196,7 +196,8 @@ class RunRecord:
     def evaluate(self, round_index: int, state) -> None:
         """Evaluate this run's (unbatched) ``state`` after round ``round_index`` and log it."""
         scores = {**self.last_round, **evaluate_models(self.experiment, state),
-                  "communication_rounds": self.exchanged(round_index), **self.cost.totals()}
+                  "communication_rounds": self.exchanged(round_index), **self.cost.totals(),
+                  **self.config.privacy_spent(round_index)}
         self.log.evaluation(round_index, scores, self.time_s)
         self.postfix["acc"] = f"{scores['accuracy']:.3f}"
 
@@ -247,9 +248,11 @@ def _run(config: ExperimentConfig, progress: bool, fresh: bool,
                             flops=experiment.round_fn.flops)
             done, state = run.resume(experiment.initial_state())
             state = experiment.round_fn.place(state)
+            # delay: an error while the first round compiles is its one line, with no bar
             bar = closing.enter_context(contextlib.closing(tqdm(
                 total=config.rounds, initial=min(done, config.rounds),
-                disable=not (progress and primary), unit="round", dynamic_ncols=True)))
+                disable=not (progress and primary), unit="round", dynamic_ncols=True,
+                delay=0.1)))
             clock = time.perf_counter()
 
             def record(round_index, metrics):
@@ -334,7 +337,7 @@ def run_batch(batch: Batch, *, progress: bool = True,
             diverged: dict[int, Diverged] = {}
             bar = closing.enter_context(contextlib.closing(tqdm(
                 total=int(rounds.sum()), initial=int(np.minimum(done, rounds).sum()),
-                disable=not progress, unit="run-round", dynamic_ncols=True)))
+                disable=not progress, unit="run-round", dynamic_ncols=True, delay=0.1)))
             clock = time.perf_counter()
 
             def record(active, after, metrics):
@@ -492,17 +495,20 @@ def results_table(evaluations: list[dict[str, Any]], title: str,
                   target: float | None = None) -> str:
     """A plain-text table of the evaluations (comm: communication rounds so far, FedGA's extra
     exchange included; with personalized evaluation, the mean test accuracy of existing and new
-    users after fine-tuning), with the best and final accuracy and, for a ``target`` accuracy,
+    users after fine-tuning; with DP, the epsilon spent at the run's delta), with the best and
+    final accuracy and, for a ``target`` accuracy,
     the rounds, bytes, FLOPs and seconds it took to reach it."""
     users = [group for group in ("existing", "new")
              if evaluations and f"{group}_test_acc" in evaluations[-1]]
+    private = bool(evaluations) and "epsilon" in evaluations[-1]
     lines = [title, f"{'round':>6}  {'comm':>6}  {'test acc':>8}  {'test loss':>9}  "
-                    + "".join(f"{group:>8}  " for group in users) + f"{'time (s)':>8}"]
+                    + "".join(f"{group:>8}  " for group in users)
+                    + (f"{'epsilon':>8}  " if private else "") + f"{'time (s)':>8}"]
     for e in evaluations:
         comm = e.get("communication_rounds", e["round"])
         lines.append(f"{e['round']:>6}  {comm:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
                      + "".join(f"{e[f'{group}_test_acc']:>8.4f}  " for group in users)
-                     + f"{e['time_s']:>8.1f}")
+                     + (f"{e['epsilon']:>8.3f}  " if private else "") + f"{e['time_s']:>8.1f}")
     if evaluations:
         best = max(evaluations, key=lambda e: e["accuracy"])
         lines.append(f"final accuracy {evaluations[-1]['accuracy']:.4f}; best "

@@ -31,7 +31,9 @@ LOCAL = {"lr": 0.05, "lr_decay": 0.99, "momentum": 0.5, "weight_decay": 1e-3, "c
 # Values for the float hyperparameters that have no number as default.
 VALUES = {"feddecay": {"beta": 0.9}, "ditto": {"personal_lr": 0.02},
           "pfedme": {"inner_lr": 0.02}, "gradual_unfreezing": {"fraction": 0.5},
-          "local_decay": {"beta": 0.8}, "relaxed_init": {"beta": 0.1}}
+          "local_decay": {"beta": 0.8}, "relaxed_init": {"beta": 0.1},
+          "dp": {"clip_norm": 1.0, "noise_multiplier": 0.5, "target_quantile": 0.5,
+                 "count_noise": 1.0}}
 FULL_BATCH = ("fedsgd", "lbsgd")
 UNITS = [["fc1"], ["fc2"]]
 
@@ -70,6 +72,9 @@ def build(name: str, values: dict, model) -> algorithms.Algorithm:
     local = algorithms.local_sgd(values["lr"], round_decay=values["lr_decay"],
                                  momentum=values["momentum"], weight_decay=values["weight_decay"],
                                  clip_norm=values["clip_norm"])
+    if name == "dp":          # privatizes a model-sized uplink only (SCAFFOLD's is refused)
+        return factory(algorithms.fedavg(local, optax.sgd(values["server_lr"])), cohort_size=2,
+                       **own)
     if name in WRAPPERS:
         leading = {"gradual_unfreezing": [UNITS],
                    "fedbn": [jax.eval_shape(model.init, jax.random.key(0))]}.get(name, [])

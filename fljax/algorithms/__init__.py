@@ -14,6 +14,7 @@ from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, Lo
                                    identity_loss, identity_start, local_sgd, no_client_state,
                                    tree_scale, tree_sub)
 from fljax.algorithms.ditto import ditto
+from fljax.algorithms.dp import dp
 from fljax.algorithms.fedavg import fedavg, fedsgd
 from fljax.algorithms.fedbug import gradual_unfreezing
 from fljax.algorithms.fedcm import fedcm
@@ -38,7 +39,7 @@ from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, f
 from fljax.algorithms.switch import switch
 
 __all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
-           "ditto", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
+           "ditto", "dp", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
            "fedavgm", "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedem", "fedexp",
            "fedga", "fedinit", "fednova",
            "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",

@@ -92,7 +92,8 @@ class Algorithm(NamedTuple):
     over all clients and gives a sampled client its own row as ``ctx.client_state``). Optional:
     ``cohort_start`` (a first exchange, FedGA), ``eval_models`` (what evaluation scores),
     ``exchanges`` and ``payload`` (communication accounting), ``client_vectors`` (per-client
-    vectors for probes), ``observe`` (a look at the whole round after the server update).
+    vectors for probes), ``observe`` (a look at the whole round after the server update),
+    ``perturb`` (randomness the server adds to the summed message before ``server_update``).
     ``personal_model(params, server_state, client_state) -> params``: a client's own model, for
     algorithms with personal models (Ditto, pFedMe, FedEM's mixture weights, FedBN's local
     layers); the personalized evaluation scores each user with it (None: the global model),
@@ -142,6 +143,10 @@ class Algorithm(NamedTuple):
     adapt: Callable[[Params, Callable[[Params], Params]], Params] | None = None
     # adapt(a user's model, grad of its mean training loss at given params) -> the model it is
     #   scored with (before any fine-tuning): FedEM's E-step fits the user's mixture weights
+    perturb: Callable[[Any, Any, jax.Array], Any] | None = None
+    # perturb(summed message, server state, key) -> the message server_update receives: the
+    #   server's own randomness on the cohort's sum (DP's Gaussian noise), from the round's
+    #   server key (``fljax.cohort.server_key``)
 
 
 class LocalSGD(NamedTuple):

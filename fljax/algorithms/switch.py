@@ -233,6 +233,9 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
     else:
         name = f"{first.name}->{then.name}@{when.name}"
         exchanges, payload = first.exchanges, first.payload
+    if first.perturb is not None or then.perturb is not None:
+        raise FljaxError(f"switch cannot pass on the server noise of {first.name!r} or "
+                         f"{then.name!r}: wrap the switch instead (dp(switch(a, b), ...))")
     if first.observe is not None or then.observe is not None:
         raise FljaxError(f"switch cannot yet pass on the observe hook of {first.name!r} or "
                          f"{then.name!r}")

@@ -226,10 +226,12 @@ def write_leaf(directory: str, users: dict, split: str = "all_data",
 
 
 def write_synthetic(directory: str, alpha: float = 1.0, beta: float = 1.0, *,
-                    num_users: int = 30, seed: int = 0) -> None:
-    """FedProx's Synthetic(alpha, beta) users (``fljax.data.synthetic.generate``: the generator
-    LEAF's synthetic dataset follows) written as a LEAF ``all_data`` folder."""
-    data = generate(alpha, beta, num_users=num_users, seed=seed)
+                    num_users: int = 30, max_size: int = 1000, iid: bool = False,
+                    seed: int = 0) -> None:
+    """FedProx's Synthetic(alpha, beta) users, or Synthetic-IID's if ``iid``
+    (``fljax.data.synthetic.generate``: the generator LEAF's synthetic dataset follows), written
+    as a LEAF ``all_data`` folder."""
+    data = generate(alpha, beta, iid=iid, num_users=num_users, max_size=max_size, seed=seed)
     write_leaf(directory, {f"f_{k:05d}": (x.tolist(), y.tolist())
                            for k, (x, y) in enumerate(zip(data.x, data.y))})
 

@@ -30,7 +30,7 @@ def _check_fraction(name: str, value, *, top: float) -> float:
     return float(value)
 
 
-def _held_out(n: int, fraction: float) -> int:
+def held_out(n: int, fraction: float) -> int:
     """round(fraction * n), at least 1 when fraction > 0."""
     return max(1, round(fraction * n)) if fraction > 0 else 0
 
@@ -48,7 +48,7 @@ def split_users(parts: Sequence[np.ndarray], *, new_fraction: float, val_fractio
                          f"user's training data), got {val_fraction} + {test_fraction}")
     rng = np.random.default_rng(seed)
     num_users = len(parts)
-    num_new = _held_out(num_users, new_fraction)
+    num_new = held_out(num_users, new_fraction)
     if num_new >= num_users:
         raise FljaxError(f"new_users={new_fraction} holds out {num_new} of the {num_users} users, "
                          f"leaving none to train; use a smaller fraction or more clients")
@@ -57,7 +57,7 @@ def split_users(parts: Sequence[np.ndarray], *, new_fraction: float, val_fractio
     train, val, test = [], [], []
     for user, ids in enumerate(parts):
         ids = rng.permutation(np.asarray(ids))
-        n_val, n_test = _held_out(len(ids), val_fraction), _held_out(len(ids), test_fraction)
+        n_val, n_test = held_out(len(ids), val_fraction), held_out(len(ids), test_fraction)
         if len(ids) - n_val - n_test < 1:
             raise FljaxError(f"user {user} has {len(ids)} examples: too few to keep {n_val} for "
                              f"validation, {n_test} for test and at least 1 for training; use "
