@@ -58,7 +58,7 @@ def main() -> None:
                          f"{np.mean(acc):.2f} ± {np.std(acc, ddof=1):.2f} |")
     plain = {row: [100 * final(row, "non-private", s)["accuracy"] for s in seeds] for row in rows}
     for row in rows[::2]:
-        lines.append(f"| {row.rsplit(' ', 3)[0]}: none (FedAvg) | inf | 0 | inf | "
+        lines.append(f"| {row.split(' ')[0]}: none (FedAvg) | inf | 0 | inf | "
                      f"{np.mean(plain[row]):.2f} ± {np.std(plain[row], ddof=1):.2f} |")
     for fixed, adaptive in zip(rows[::2], rows[1::2]):
         lines += ["", f"{adaptive} - {fixed} (paired by seed, points):", ""]
@@ -81,7 +81,7 @@ def main() -> None:
                     linestyle="-" if "fixed" in row else ":")
     for row, color in zip(rows[::2], ["C0", "C1"]):
         ax.axhline(np.mean(plain[row]), color=color, linestyle="--", linewidth=0.8,
-                   label=f"{row.rsplit(' ', 3)[0]} non-private")
+                   label=f"{row.split(' ')[0]} non-private")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"epsilon spent after {sweep['base']['rounds']} rounds")
     ax.set_ylabel("test accuracy %")
