@@ -27,7 +27,6 @@ extra messages would leave the clients un-noised.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -36,7 +35,7 @@ import optax
 
 from fljax.algorithms.base import Algorithm, ClientContext, Params
 from fljax.errors import FljaxError
-from fljax.hyperparams import POSITIVE, check, concrete, is_traced
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check, concrete, is_traced
 
 
 class DPServerState(NamedTuple):
@@ -75,8 +74,7 @@ def dp(algorithm: Algorithm, clip_norm: float, noise_multiplier: float, cohort_s
     step ``clip_learning_rate`` eta_C and count noise ``count_noise`` sigma_b (default m / 20,
     the paper's). z = 0 adds no noise (clipping alone)."""
     check("clip_norm", clip_norm, POSITIVE, "> 0 and finite")
-    check("noise_multiplier", noise_multiplier, lambda v: math.isfinite(v) and v >= 0,
-          ">= 0 and finite")
+    check("noise_multiplier", noise_multiplier, NON_NEGATIVE, ">= 0 and finite")
     if isinstance(cohort_size, bool) or not isinstance(cohort_size, int) or cohort_size < 1:
         raise FljaxError(f"cohort_size must be a whole number >= 1, got {cohort_size!r}")
     if algorithm.perturb is not None:
