@@ -249,6 +249,14 @@ def _sweep(argv: list[str]) -> int:
                        "command again to continue"):
         try:
             results = _run_cells(cell_list, args)
+            for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
+                more = sweep.extensions(spec, cell_list, results)
+                if not more:
+                    break
+                print(f"extending the grid of {len(more)} runs whose selected value is at its "
+                      f"edge", flush=True)
+                cell_list += more
+                results.update(_run_cells(more, args))
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130
@@ -256,6 +264,9 @@ def _sweep(argv: list[str]) -> int:
             spec, results, args.scale)
         path = os.path.join(out_dir, args.scale or "base", "results.md")
         write_file(path, text + "\n")
+        for csv_name, csv_text in zip(("runs.csv", "curves.csv"),
+                                      sweep.results_csv(spec, results)):
+            write_file(os.path.join(out_dir, args.scale or "base", csv_name), csv_text)
     print(text + f"\n\nwritten to {path}")
     return 0
 

@@ -29,10 +29,13 @@ A sweep file::
                                                      evaluation with the best value of this
                                                      key (FederatedScope's best round on the
                                                      validation split) instead of its last
-     "cost_relative_to": "FedAvg"}                   optional: lines of each column's bytes
+     "cost_relative_to": "FedAvg",                   optional: lines of each column's bytes
                                                      and FLOPs over the whole run as a
                                                      multiple of this column's (feddecay.txt
                                                      Figure 1)
+     "extend": ["lr"]}                               optional: grid keys whose selected value
+                                                     may not sit at the grid's edge (the
+                                                     tuning rule, below)
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
 ``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
@@ -45,6 +48,16 @@ std over seeds of their difference in each tabulated metric (default the final t
 the selected points (the same seed
 on both sides: the same split, initialization and sampling) and the p-value of a paired t-test.
 
+The tuning rule (``extend``): a cell whose selected value of an ``extend`` key is the smallest or
+the largest value its grid tried has its grid extended one step beyond that edge, geometrically
+(v_edge^2 / v_neighbour: 0.1, 0.2 -> 0.4; 0.05, 0.02 -> 0.008), and the new point runs for every
+seed; ``extensions`` returns those runs, and ``fljax sweep`` repeats until no selected value sits
+at an edge (at most ``MAX_EXTENSIONS`` times). A point where some seed diverged never wins, so a
+grid ends at the edge of stability. The table marks a selected value still at an edge, and its
+line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
+``selection`` score's rise over the last quarter of the rounds (the last evaluation minus the one
+at 75% of the rounds): the evidence that the runs have stopped improving.
+
 Run (row, column, seed) has the config ``base + scale.base + row + scale[row] + column +
 scale[column] + {seed, out_dir}``: a scale overrides the shared values and any row's or column's
 own (e.g. a smaller switch round on CPU). Its out_dir is ``OUT/scale/row/column/seed_S``; each run
@@ -56,6 +69,8 @@ rounds, megabytes sent, GFLOPs and seconds to the target accuracy.
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import json
 import os
@@ -71,7 +86,8 @@ from fljax.grouping import group
 from fljax.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
-              "metrics", "selection", "compare", "best_round", "cost_relative_to"}
+              "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend"}
+MAX_EXTENSIONS = 4
 JSON_FIELDS = ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args",
                "probe_args", "switch_when")
 
@@ -126,6 +142,9 @@ def load_sweep(path: str) -> dict[str, Any]:
     if relative is not None and relative not in sweep["columns"]:
         raise FljaxError(f"sweep 'cost_relative_to' must name a column of "
                          f"{sorted(sweep['columns'])}, got {relative!r}")
+    extend = sweep.get("extend", [])
+    if not (isinstance(extend, list) and all(isinstance(k, str) for k in extend)):
+        raise FljaxError(f"sweep 'extend' must be a list of grid keys, got {extend!r}")
     if not isinstance(sweep.get("best_round", ""), str):
         raise FljaxError(f"sweep 'best_round' must be an evaluation key, got "
                          f"{sweep['best_round']!r}")
@@ -385,6 +404,66 @@ def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
     return best, [evals for _, evals in sorted(runs[best], key=lambda r: r[0])]
 
 
+def extensions(sweep: dict[str, Any], cell_list: list[Cell],
+               results: dict[Cell, list]) -> list[Cell]:
+    """The runs the tuning rule adds: for each (row, column) whose selected value of an
+    ``extend`` key is the smallest or largest of the (positive) values its grid tried, the runs of
+    the next value beyond that edge, v_edge^2 / v_neighbour, at the selected point's other values
+    and with every seed of the cell."""
+    by_cell: dict[tuple, list[Cell]] = {}
+    for cell in cell_list:
+        by_cell.setdefault((cell.row, cell.column), []).append(cell)
+    added = []
+    for (row, column), members in by_cell.items():
+        best = dict(selected(sweep, results, row, column)[0])
+        for key in sweep.get("extend", []):
+            tried = sorted({dict(c.setting)[key] for c in members if key in dict(c.setting)})
+            if len(tried) < 2 or key not in best or tried[0] <= 0:
+                continue
+            edge = best[key]
+            if edge not in (tried[0], tried[-1]):
+                continue
+            neighbour = tried[1] if edge == tried[0] else tried[-2]
+            value = float(f"{edge * edge / neighbour:.6g}")
+            added += [at_setting(c, tuple((k, value if k == key else v) for k, v in c.setting))
+                      for c in members if dict(c.setting) == best]
+    return added
+
+
+def at_setting(cell: Cell, setting: tuple) -> Cell:
+    """``cell`` moved to another grid point: its config with ``setting``, in that point's
+    directory beside its own."""
+    fields = {key.split(".")[0] for key, _ in setting}
+    values = with_setting({f: getattr(cell.config, f) for f in fields}, setting)
+    run_dir = os.path.join(os.path.dirname(os.path.dirname(cell.config.out_dir)),
+                           setting_slug(setting), f"seed_{cell.seed}")
+    return cell._replace(config=cell.config.replace(**values, out_dir=run_dir).validate(),
+                         setting=setting)
+
+
+def at_edge(sweep: dict[str, Any], results: dict[Cell, list], row: str, column: str,
+            setting: tuple) -> bool:
+    """Whether a value of an ``extend`` key in ``setting`` is an edge of the values tried."""
+    for key, value in setting:
+        if key in sweep.get("extend", []):
+            tried = {dict(c.setting).get(key) for c in results
+                     if (c.row, c.column) == (row, column)}
+            if len(tried) > 1 and value in (min(tried), max(tried)):
+                return True
+    return False
+
+
+def late_gain(evaluations: list[dict[str, Any]], key: str, fraction: float = 0.25) -> float | None:
+    """The rise of ``key`` over the last ``fraction`` of a run: its value at the last evaluation
+    minus at the evaluation nearest round (1 - fraction) * last round (None if not logged)."""
+    logged = [e for e in evaluations if key in e]
+    if len(logged) < 2 or evaluations[-1].get("diverged"):
+        return None
+    start = (1 - fraction) * logged[-1]["round"]
+    earlier = min(logged[:-1], key=lambda e: abs(e["round"] - start))
+    return logged[-1][key] - earlier[key]
+
+
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
     """Markdown: final (with ``best_round``: best-round) test accuracy (%) of each cell (a line
     per row and metric, if the sweep names ``metrics``) as mean +- std over seeds, the best of a
@@ -406,8 +485,11 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
         runs = [chosen[row, column][1] for column in columns]
         if any(chosen[row, column][0] for column in columns):
             lines.append(f"| {row}: selected on {sweep.get('selection', 'val_accuracy')} | "
-                         + " | ".join(", ".join(f"{k.split('.')[-1]}={v}"
-                                                for k, v in chosen[row, column][0]) or "-"
+                         + " | ".join((", ".join(f"{k.split('.')[-1]}={v}"
+                                                 for k, v in chosen[row, column][0]) or "-")
+                                      + (" (grid edge)" if at_edge(sweep, results, row, column,
+                                                                   chosen[row, column][0])
+                                         else "")
                                       for column in columns) + " |")
         for label, keys in sweep.get("metrics", {"": "accuracy"}).items():
             keys = [keys] if isinstance(keys, str) else keys
@@ -426,6 +508,8 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                     cells_text[best] = f"**{cells_text[best]}**"
             name = f"{row}: {label}" if label else row
             lines.append(f"| {name} | " + " | ".join(cells_text) + " |")
+        if "extend" in sweep:
+            lines.append(gain_line(sweep, whole_runs, row, chosen))
         if "cost_relative_to" in sweep:
             lines += relative_costs(sweep, whole_runs, row, chosen)
         if target is not None:
@@ -453,6 +537,57 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
                 paired_difference(values(row, a), values(row, b)) for row in sweep["rows"])
                 + " |")
     return "\n".join(lines)
+
+
+def gain_line(sweep: dict[str, Any], whole_runs: dict[Cell, list], row: str,
+              chosen: dict) -> str:
+    """A table line: at each column's selected point, the ``selection`` score's rise over the
+    last 25% of the rounds (``late_gain``), mean +- std over seeds (points for accuracies)."""
+    key = sweep.get("selection", "val_accuracy")
+    factor = 100 if "acc" in key else 1
+    texts = []
+    for column in sweep["columns"]:
+        setting = chosen[row, column][0]
+        gains = [late_gain(e, key) for cell, e in whole_runs.items()
+                 if (cell.row, cell.column, cell.setting) == (row, column, setting)]
+        texts.append(mean_std([factor * g for g in gains if g is not None]))
+    return f"| {row}: {key} gain, last 25% of rounds | " + " | ".join(texts) + " |"
+
+
+def logged_keys(sweep: dict[str, Any]) -> list[str]:
+    """The evaluation keys a sweep's results files keep: the test accuracy, the selection score
+    and every key its ``metrics`` name."""
+    keys = ["accuracy", sweep.get("selection", "val_accuracy")]
+    for value in sweep.get("metrics", {}).values():
+        keys += [value] if isinstance(value, str) else value
+    return list(dict.fromkeys(keys))
+
+
+def results_csv(sweep: dict[str, Any], results: dict[Cell, list]) -> tuple[str, str]:
+    """Two small CSV texts for reports: ``runs`` (every run's last evaluation: row, column,
+    setting, seed, whether its grid point is the selected one, round, diverged, the
+    ``logged_keys``) and ``curves`` (every evaluation of the selected points' runs)."""
+    keys = logged_keys(sweep)
+    header = ["row", "column", "setting", "seed", "selected", "round", "diverged", *keys]
+    chosen = {(cell.row, cell.column): selected(sweep, results, cell.row, cell.column)[0]
+              for cell in results}
+    texts = []
+    for every in (False, True):
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(header)
+        for cell, evals in results.items():
+            best = chosen[cell.row, cell.column] == cell.setting
+            if every and not best:
+                continue
+            for e in (evals if every else evals[-1:]):
+                writer.writerow([cell.row, cell.column,
+                                 "; ".join(f"{k}={v}" for k, v in cell.setting), cell.seed,
+                                 int(best), e.get("round"), int(bool(e.get("diverged"))),
+                                 *(f"{e[k]:.6g}" if isinstance(e.get(k), (int, float)) else ""
+                                   for k in keys)])
+        texts.append(out.getvalue())
+    return texts[0], texts[1]
 
 
 def relative_costs(sweep: dict[str, Any], whole_runs: dict[Cell, list], row: str,

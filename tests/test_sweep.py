@@ -276,3 +276,80 @@ def test_a_diverging_grid_point_is_recorded_and_never_selected(tmp_path):
     results = sweep.run_sweep(sweep.cells(no_grid, None, str(tmp_path)), train)
     assert sweep.table(no_grid, results).splitlines()[2] == \
         "| Dir | **50.00 ± 0.00 (1 of 3 diverged)** |"
+
+
+def test_the_tuning_rule_extends_a_grid_past_a_selected_edge_until_it_is_interior(tmp_path):
+    """Validation accuracy peaks at lr 0.8 on a grid {0.1, 0.2}: the rule adds 0.4 (every seed,
+    its own directory, lr in the config), then 0.8, then 1.6, and stops once the selected value
+    (0.8) is interior; FedProx's mu grid is not extended (not an ``extend`` key). A lower edge
+    extends downward (0.05, 0.02 -> 0.008)."""
+    spec = {**GRID_SPEC, "extend": ["lr"],
+            "columns": {**GRID_SPEC["columns"],
+                        "P": {"algorithm": "fedprox",
+                              "grid": {"lr": [0.1], "algorithm_args.mu": [0.01, 0.1]}}}}
+    cell_list = sweep.cells(spec, None, str(tmp_path))
+
+    def train(configs):
+        return [[{"round": r, "accuracy": 0.5, "val_accuracy": (1 - abs(c.lr - 0.8)) * r / 4}
+                 for r in (1, 2, 3, 4)] for c in configs]
+
+    results = sweep.run_sweep(cell_list, train)
+    added_lrs = []
+    while more := sweep.extensions(spec, cell_list, results):
+        assert {(c.column, c.seed) for c in more} == {("A", 0), ("A", 1), ("A", 2)}
+        lr = more[0].config.lr
+        assert all(c.setting == (("lr", lr),) and c.config.lr == lr for c in more)
+        assert more[0].config.out_dir == os.path.join(str(tmp_path), "base", "Dir", "A",
+                                                      f"lr_{lr}", "seed_0")
+        added_lrs.append(lr)
+        cell_list += more
+        results.update(sweep.run_sweep(more, train))
+    assert added_lrs == [0.4, 0.8, 1.6]
+    lines = sweep.table(spec, results).splitlines()
+    assert lines[2] == "| Dir: selected on val_accuracy | lr=0.8 | lr=0.1, mu=0.01 |"
+    # the selected points rise over the last quarter (round 3 -> 4): (1 - |lr - 0.8|) / 4
+    assert lines[4] == "| Dir: val_accuracy gain, last 25% of rounds | 25.00 ± 0.00 | " \
+                       "7.50 ± 0.00 |"
+
+    low = {**spec, "columns": {"A": {"algorithm": "fedavg", "grid": {"lr": [0.05, 0.02]}}},
+           "compare": []}
+    cell_list = sweep.cells(low, None, str(tmp_path))
+    results = {c: [{"round": 1, "accuracy": 0.5, "val_accuracy": 1 - c.config.lr}]
+               for c in cell_list}
+    assert {c.config.lr for c in sweep.extensions(low, cell_list, results)} == {0.008}
+    assert "(grid edge)" in sweep.table(low, results).splitlines()[2]
+
+
+def test_a_diverged_point_beyond_the_edge_ends_the_extension(tmp_path):
+    spec = {**GRID_SPEC, "extend": ["lr"], "columns": {"A": GRID_SPEC["columns"]["A"]},
+            "compare": []}
+    cell_list = sweep.cells(spec, None, str(tmp_path))
+    train = lambda configs: [Diverged("nan", 1) if c.lr > 0.3 else
+                             [{"round": 1, "accuracy": 0.5, "val_accuracy": c.lr}]
+                             for c in configs]
+    results = sweep.run_sweep(cell_list, train)
+    more = sweep.extensions(spec, cell_list, results)
+    assert {c.config.lr for c in more} == {0.4}
+    results.update(sweep.run_sweep(more, train))
+    assert sweep.extensions(spec, cell_list + more, results) == []
+    assert sweep.table(spec, results).splitlines()[2] == "| Dir: selected on val_accuracy | lr=0.2 |"
+
+
+def test_results_csv_has_every_run_and_the_selected_curves(tmp_path):
+    import csv
+    import io
+
+    results = {}
+    for c in sweep.cells(GRID_SPEC, None, str(tmp_path)):
+        val = 0.8 if c.setting in ((("lr", 0.2),), (("lr", 0.1), ("algorithm_args.mu", 0.1))) \
+            else 0.6
+        results[c] = [{"round": r, "accuracy": 0.1 * c.seed + 0.01 * r, "val_accuracy": val}
+                      for r in (1, 2)]
+    runs, curves = (list(csv.DictReader(io.StringIO(t)))
+                    for t in sweep.results_csv(GRID_SPEC, results))
+    assert len(runs) == 12 and len(curves) == 2 * 6
+    assert {(r["column"], r["setting"]) for r in runs if r["selected"] == "1"} == {
+        ("A", "lr=0.2"), ("P", "lr=0.1; algorithm_args.mu=0.1")}
+    first = next(r for r in curves if r["column"] == "A" and r["seed"] == "2")
+    assert (first["round"], float(first["accuracy"]), float(first["val_accuracy"])) == \
+        ("1", 0.21, 0.8)
