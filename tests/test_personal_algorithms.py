@@ -367,6 +367,23 @@ def test_pfedme_personal_model_is_the_global_model_until_a_client_trains():
             np.testing.assert_array_equal(a, b)
 
 
+def test_pfedme_scored_globally_trains_the_same_global_model_and_keeps_no_personal_one():
+    """score="global" (FederatedScope's pFedMe: every user scored with the fine-tuned global
+    model) changes only the scoring: the same global model, no per-client state."""
+    case = "epochs_decay_uniform"
+    _, _, state, *_ = run_pfedme(case)
+    local, sched, rest = split(PFEDME_CASES[case], PFEDME_ARGS)
+    with jax.enable_x64(True):
+        alg = pfedme(make_local(**local), **rest, score="global")
+        _, global_state, *_ = run(alg, alg_model(), **sched)
+    assert alg.personal_model is None
+    assert jax.tree.leaves(global_state.client_states) == []
+    for a, b in zip(jax.tree.leaves(global_state.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(FljaxError, match="score must be one of"):
+        pfedme(make_local(**local), score="theta")
+
+
 # ------------------------------------------------------------------------------------------------
 # FedEM
 

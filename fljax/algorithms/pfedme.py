@@ -21,8 +21,9 @@ w^{t+1} = (1 - beta) w^t + beta sum_S p_i w_i,R = w^t - beta sum_S p_i (w^t - w_
 server sgd(beta). Personal model (what the personalized evaluation scores): theta_hat(w_i,R), the
 prox at the client's last local model, by R steps of SGD at eta_p on f_i(theta) + lambda/2
 ||theta - w_i,R||^2 from w_i,R on batches of an independent draw (stream 1); a user that never
-trained has none and is scored with the global model (FederatedScope scores every pFedMe user
-with the fine-tuned global model). Memory: one model per client (N x params).
+trained has none and is scored with the global model. Memory: one model per client (N x params).
+``score="global"`` keeps no personal model and scores every user with the (fine-tuned) global
+model, as FederatedScope's pFedMe trainer does, and so FedDecay's pFedMe column.
 
 Departure from the official code: its inner solver continues from the previous local step's theta
 (a warm start); here each inner solve starts from the current w (the prox at w, as Algorithm 1
@@ -42,6 +43,9 @@ from fljax.algorithms.fedavg import fedavg
 from fljax.algorithms.transforms import add_proximal
 from fljax.errors import FljaxError
 from fljax.hyperparams import POSITIVE, check
+
+
+SCORES = ("personal", "global")
 
 
 class PersonalModel(NamedTuple):
@@ -72,10 +76,11 @@ def moreau_loss(loss_fn, lam: float, inner_lr: float, inner_steps: int):
 
 
 def pfedme(local: LocalSGD, *, lam: float = 15.0, inner_steps: int = 5,
-           inner_lr: float | None = None, beta: float = 1.0,
+           inner_lr: float | None = None, beta: float = 1.0, score: str = "personal",
            name: str = "pfedme") -> Algorithm:
     """pFedMe with regularization ``lam`` (lambda), ``inner_steps`` (K) inner steps at
-    ``inner_lr`` (eta_p, default: the local lr) and server interpolation ``beta``."""
+    ``inner_lr`` (eta_p, default: the local lr) and server interpolation ``beta``; users scored
+    with their personal model theta_hat (``score="personal"``) or the global one (``"global"``)."""
     if not isinstance(local, LocalSGD):
         raise FljaxError(f"pfedme needs a LocalSGD local optimizer, got {type(local).__name__}")
     check("lam", lam, POSITIVE, "> 0 and finite")
@@ -84,11 +89,16 @@ def pfedme(local: LocalSGD, *, lam: float = 15.0, inner_steps: int = 5,
     if inner_lr is not None:
         check("inner_lr", inner_lr, POSITIVE, "> 0 and finite")
     check("beta", beta, POSITIVE, "> 0 and finite")
+    if score not in SCORES:
+        raise FljaxError(f"score must be one of {SCORES}, got {score!r}")
     eta_p = local.learning_rate if inner_lr is None else inner_lr
     base = fedavg(local, optax.sgd(beta), name=name)
 
     def client_loss(ctx: ClientContext, loss_fn):
         return moreau_loss(loss_fn, lam, eta_p, inner_steps)
+
+    if score == "global":
+        return base._replace(client_loss=client_loss)
 
     def client_end(ctx: ClientContext, start, end):
         prox = optax.chain(add_proximal(lam, end), optax.sgd(eta_p))
