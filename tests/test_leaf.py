@@ -168,3 +168,16 @@ def test_shakespeare_lstm_trains_in_the_compiled_round(tmp_path):
     after = evaluate(state.params)
     assert float(after["loss"]) < 0.8 * before     # the characters' statistics are being learnt
     assert round_fn.compilations() == 1
+
+
+def test_femnist_is_normalized_as_pfl_bench_does(tmp_path):
+    """load_dataset('leaf/femnist') = (LEAF's values - 0.1307) / 0.3081 (pFL-Bench's FEMNIST,
+    the data FedDecay's tables use); load_leaf keeps LEAF's values."""
+    rng = np.random.default_rng(1)
+    train = {"a": (rng.random((3, 784)).round(3).tolist(), [1, 2, 3])}
+    write_leaf(tmp_path / "femnist", train, "train")
+    write_leaf(tmp_path / "femnist", {"a": ([[0.5] * 784], [4])}, "test")
+    raw = load_leaf(str(tmp_path / "femnist"))
+    ds = load_dataset("leaf/femnist", data_dir=str(tmp_path / "femnist"))
+    np.testing.assert_allclose(ds.x_train, (raw.x_train - 0.1307) / 0.3081, rtol=1e-6)
+    np.testing.assert_allclose(ds.x_test, (0.5 - 0.1307) / 0.3081, rtol=1e-6)

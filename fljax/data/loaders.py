@@ -203,10 +203,12 @@ def load_npz(path: str) -> Dataset:
 
 # Per-channel (mean, std) applied once, before training, to images in [0, 1], as the papers' code
 # does: the FedDyn-family code standardizes CIFAR; FedGA's code (epfml/GradientAlignment, EMNIST
-# balanced: ToTensor + Normalize((0.5,), (0.5,))) maps EMNIST to [-1, 1].
+# balanced: ToTensor + Normalize((0.5,), (0.5,))) maps EMNIST to [-1, 1]; pFL-Bench (FedDecay's
+# FEMNIST, feddecay/femnist--s02) normalizes LEAF's FEMNIST values by (0.1307, 0.3081).
 CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
                  "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
-                 "emnist/balanced": ((0.5,), (0.5,))}
+                 "emnist/balanced": ((0.5,), (0.5,)),
+                 "leaf/femnist": ((0.1307,), (0.3081,))}
 
 
 _SYNTHETIC = re.compile(r"synthetic_(?:iid|(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?))")
@@ -249,6 +251,7 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
       Python functions take other seeds and sizes);
     - 'leaf/KIND' (femnist, shakespeare, sent140, synthetic) -> :func:`fljax.data.leaf.load_leaf`
       from ``data_dir``, the LEAF dataset's directory: clients are its users (partition natural);
+      FEMNIST normalized as pFL-Bench does (CHANNEL_STATS);
     - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
@@ -279,7 +282,10 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
         if data_dir is None:
             raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the LEAF "
                              f"dataset (e.g. leaf/data/{name[5:]})")
-        return load_leaf(str(data_dir), name[5:])
+        dataset = load_leaf(str(data_dir), name[5:])
+        if name in CHANNEL_STATS:
+            dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
+        return dataset
     if name == "glue/sst2":
         return load_sst2(data_dir)
     if name.startswith("planetoid/"):
