@@ -151,7 +151,7 @@ def test_every_probe_matches_its_float64_reference():
         probe_list = [probes.pseudo_gradient_diversity(), probes.cosine_previous(),
                       probes.cosine_to(reference), probes.state_diversity(),
                       probes.gradient_dissimilarity(), probes.train_evaluation(),
-                      probes.all_model(),
+                      probes.all_model(), probes.divergence(),
                       probes.interaction_tensor(x_test, rounds=[2, 3], k=3),
                       probes.switching_criterion(optimum=optimum, **CRITERION)]
         history, scores, state = fljax_with_probes(x, y, parts, model, params, probe_list,
@@ -204,6 +204,9 @@ def test_every_probe_matches_its_float64_reference():
         close(score["global_train_accuracy"], accuracy)
         close(score["global_train_loss"], loss)
         latest.update(rec["locals"])
+        close(metrics["divergence_all"],
+              np.mean([global_norm(tree_map(np.subtract, m, rec["next"])) ** 2
+                       for m in latest.values()]))
         mean = tree_map(lambda *a: sum(a) / len(parts), *latest.values())
         accuracy, loss = mlp_scores(mean, x_test, y_test)
         close(score["all_model/accuracy"], accuracy)

@@ -15,6 +15,7 @@ state_diversity            ``local_drift_diversity``, ``control_variate_diversit
 gradient_dissimilarity     ``gradient_variance`` r(x), ``gradient_dissimilarity[_first|_max]``
 train_evaluation           ``global_train_loss``, ``global_train_accuracy`` (evaluation)
 all_model                  ``all_model/accuracy``, ``all_model/loss`` (evaluation)
+divergence                 ``divergence_all`` (FedInit's Delta over all clients)
 interaction_tensor         ``interaction_clusters``, ``interaction_*_shared`` (its rounds)
 switching_criterion        ``switch_C``, ``switch_D``, ``switch_margin``, ``switch_condition``
 =========================  =====================================================================
@@ -24,6 +25,7 @@ from fljax.probes.base import (ClientView, EvalView, Population, Probe, RoundVie
                                stacked, tree_dot)
 from fljax.probes.cosine import cosine_previous, cosine_to, last_pseudo_gradients
 from fljax.probes.dissimilarity import gradient_dissimilarity
+from fljax.probes.divergence import divergence
 from fljax.probes.diversity import pseudo_gradient_diversity, state_diversity
 from fljax.probes.evaluation import all_model, train_evaluation
 from fljax.probes.interaction import interaction_tensor, interaction_tensor_of
@@ -35,11 +37,11 @@ from fljax.probes.switching import centralized_optimum, smoothness, switching_cr
 PROBES = {"pseudo_gradient_diversity": pseudo_gradient_diversity,
           "cosine_previous": cosine_previous, "cosine_to": cosine_to,
           "state_diversity": state_diversity, "gradient_dissimilarity": gradient_dissimilarity,
-          "train_evaluation": train_evaluation, "all_model": all_model,
+          "train_evaluation": train_evaluation, "all_model": all_model, "divergence": divergence,
           "interaction_tensor": interaction_tensor, "switching_criterion": switching_criterion}
 
 __all__ = ["PROBES", "ClientView", "EvalView", "Population", "Probe", "RoundView",
-           "all_model", "centralized_optimum", "cosine_previous", "cosine_to",
+           "all_model", "centralized_optimum", "cosine_previous", "cosine_to", "divergence",
            "gradient_dissimilarity", "interaction_tensor", "interaction_tensor_of",
            "last_pseudo_gradients", "pseudo_gradient_diversity", "smoothness", "squared_norm",
            "stacked", "state_diversity", "switching_criterion", "train_evaluation", "tree_dot"]
