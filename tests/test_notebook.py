@@ -102,3 +102,40 @@ def test_feddyn_as_init_analysis_notebook_measures_every_figure(tmp_path, monkey
     assert len(report["drift"]) == 6
     assert all(v > 0 for pair in report["drift"].values() for v in pair)
     assert all(20 <= c[0] <= 240 for c in report["clusters"].values())
+
+
+def test_reproduction_report_recomputes_every_claim_from_the_checked_in_results(tmp_path,
+                                                                                monkeypatch):
+    """The report notebook runs on the checked-in results; every claim it reports (a paired
+    difference and its verdict) is recomputed here from the CSV files: the selected runs of the
+    two columns, paired by seed, a paired t-test, and the verdict rule."""
+    import csv
+
+    import numpy as np
+    import scipy.stats
+
+    results = NOTEBOOKS.parent / "experiments" / "results"
+    measured = sorted(p.name for p in results.glob("*") if (p / "runs.csv").exists())
+    assert measured, "no checked-in results under experiments/results"
+    report = execute("reproduction.ipynb", tmp_path, monkeypatch, rounds=1, report="CLAIMS")
+    assert {c["sweep"] for c in report} == set(measured)     # every measured sweep is read
+    for c in report:
+        name = c["sweep"]
+        rows = [r for r in csv.DictReader(open(results / name / "runs.csv"))
+                if r["row"] == c["row"] and r["selected"] == "1"]
+
+        def values(column):
+            mine = sorted((r for r in rows if r["column"] == column), key=lambda r: int(r["seed"]))
+            scale = 100 if "acc" in c["key"] else 1
+            return [scale * float(r[c["key"]]) for r in mine]
+
+        a, b = values(c["a"]), values(c["b"])
+        assert len(a) == len(b) == c["n"] >= 2
+        diff = np.subtract(a, b)
+        np.testing.assert_allclose(c["mean"], diff.mean(), rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(c["std"], diff.std(ddof=1), rtol=1e-9, atol=1e-9)
+        p = scipy.stats.ttest_rel(a, b).pvalue
+        np.testing.assert_allclose(c["p"], p, rtol=1e-9)
+        expected = ("reproduced" if p < 0.05 and np.sign(diff.mean()) == c["sign"] else
+                    "opposite" if p < 0.05 else "no significant difference")
+        assert c["verdict"] == expected, c
