@@ -110,6 +110,9 @@ class ExperimentConfig:
     lr: float = option(0.05, "local training", "local learning rate")
     lr_decay: float = option(1.0, "local training", "per-round decay of the local learning "
                              "rate: lr * lr_decay**t")
+    lr_decay_offset: float | None = option(None, "local training", "inverse-time decay of the "
+                                           "local learning rate, lr * d / (t + d) with this d "
+                                           "(FedDecay's Theorems 1-2); unset: none")
     momentum: float = option(0.0, "local training", "local SGD momentum")
     weight_decay: float = option(0.0, "local training", "local SGD weight decay")
     clip_norm: float | None = option(None, "local training", "clip each local gradient to this "
@@ -199,6 +202,9 @@ class ExperimentConfig:
             raise FljaxError(f"server_lr must be > 0, got {self.server_lr}")
         if not 0 < self.lr_decay <= 1:
             raise FljaxError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        if self.lr_decay_offset is not None and not 0 < self.lr_decay_offset < float("inf"):
+            raise FljaxError(f"lr_decay_offset must be > 0 and finite (or unset), got "
+                             f"{self.lr_decay_offset}")
         if self.momentum < 0 or self.momentum >= 1:
             raise FljaxError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:

@@ -92,7 +92,8 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
         return factory(value["lr"], **{key: value[key] for key in LBSGD_FLAGS}, **kwargs)
     local = algorithms.local_sgd(value["lr"], round_decay=value["lr_decay"],
                                  momentum=value["momentum"], weight_decay=value["weight_decay"],
-                                 clip_norm=value["clip_norm"])
+                                 clip_norm=value["clip_norm"],
+                                 inverse_decay_offset=config.lr_decay_offset)
     accepted = inspect.signature(factory).parameters
     extras = {"model": model, "server_lr": value["server_lr"]}
     extras = {k: v for k, v in extras.items() if k in accepted}

@@ -1,4 +1,5 @@
-"""FedGA's and SCAFFOLD's implicit gradient alignment (fedga-gradalign.txt, Theorems 4 and 5).
+"""Implicit gradient alignment (fedga-gradalign.txt): FedGA's and SCAFFOLD's (Theorems 4 and 5),
+SGD's (Theorem 1) and GradAlign's (Theorems 2 and 3).
 
 One round from x, n clients, all sampled, each client i taking K local steps of size alpha on its
 objective f_i; f = (1/n) sum_i f_i, g_i = grad f_i(x), H_i = Hess f_i(x), g = grad f(x),
@@ -56,19 +57,60 @@ in its SECOND round with full participation and uniform weights, meets Theorem 5
 order: its variates are one round stale (c - c_i = g - g_i + e_i with e_i = O(alpha) and
 sum_i e_i = 0 because c = mean_i c_i), which moves the end point by O(alpha^3) only. (Under partial
 participation sum_S (c - c_i) != 0 and the first-order update itself changes; not covered.)
+
+Theorem 1 (SGD): K steps of size alpha on mini-batches a_1..a_K in an order drawn from any
+distribution symmetric under reversal (here all K! orders), minus K GD steps on their mean f_A:
+
+    E[x_SGD - x_GD] = -(alpha^2 / 2) sum_i Hess f_ai (grad f_ai - grad f_A) + O(alpha^3)
+                    = -(K alpha^2 / 2) grad r_A + O(alpha^3),
+    r_A = (1/2K) sum_i ||grad f_ai - grad f_A||^2
+
+(redone: step i sees -alpha sum_{j<i} g_aj, so x_SGD = x - alpha K g_A + alpha^2 sum_{j<i} H_ai g_aj
++ O(alpha^3), and the reversal average of sum_{j<i} is (K^2 H_A g_A - sum_i H_ai g_ai) / 2). The
+appendix's line -(alpha^2/4) sum_i (H_ai - H_A)(g_ai - g_A) is half of it (a typo: the lines around
+it agree with the theorem). Run with jax on the same tanh MLP, the 4 clients' sets as the
+mini-batches, alpha = 0.05 / 2^t: error slope 3.02, relative error 20% -> 1.2% (alpha = 0.003125).
+One order alone misses by 2.2x the prediction at every alpha (the expectation is needed), and the
+halved constant by 50%.
+
+Theorem 2 (GradAlign, Algorithm 1 = FedGA with K = 1): x_GA - x_GD = -(alpha beta / 2n) grad
+sum_i ||g_i - g||^2 + O(alpha beta^2). fljax's gradalign (local_steps=1) minus lbsgd at alpha =
+0.05, beta = 0.05 / 2^t: the remainder has no alpha^2 beta term at K = 1, so at fixed alpha the
+error falls as beta^2 (slope 2.01) while the prediction falls as beta; relative error 13% -> 0.8%.
+
+Theorem 3 (descent): with f^ = f + beta r, r = (1/2n) sum_i ||g_i - g||^2 (= R / 2), a GradAlign
+step with alpha < 1 / (2 L1) and a small enough beta decreases f^ unless grad f = grad r = 0. The
+proof's step is x+ - x = -alpha grad f^(x) + O(alpha beta^2), so at a critical point of f (case 2)
+
+    f^(x+) - f^(x) = -alpha beta^2 (||grad r||^2 - (alpha / 2) grad r^T Hess f grad r)
+                     + O(alpha beta^3)
+
+which is < 0 for alpha < 2 ||grad r||^2 / (grad r^T Hess f grad r) (>= 2 / L1 > 1 / (2 L1)) and
+> 0 beyond. On the tanh MLP with f_i = CE_i + 0.1/2 ||x||^2 (CE alone has no finite minimum on
+these clients; fljax's weight_decay), at a critical point x_c (||grad f|| = 2.4e-13, ||grad r|| =
+0.36, Hess f eigenvalues 0.018-1.52, L1 = 1.52 taken locally), alpha = 0.9 / (2 L1) = 0.297:
+f^ falls by 9.0e-5 ... 3.4e-7 (beta = 0.05 ... 0.003125), relative error 2.8% -> 0.18%, slope
+2.98; alpha = 5.24 (1.5x the threshold): f^ rises by 7.1e-4 ... 3.3e-6, within 0.9% of the formula
+at the smallest beta. At the initial model (case 1, grad f != 0), alpha = 0.287: f^ falls by
+0.135 ... 0.131 for every beta, tending to the GD step's 0.130 linearly in beta (slope 0.995). Not
+checked: the proof's explicit sufficient beta < min(beta', L1 / L2) (global L1, L2 and the Hessian
+Lipschitz constant rho are not computable for this model; the local L1 stands in for L1).
 """
 
 import functools
+import itertools
 
 import flax.linen as nn
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.optimize
 
 from fljax.algorithms import fedavg, local_sgd, scaffold
 from fljax.algorithms.base import tree_scale
-from fljax.algorithms.fedga import fedga
+from fljax.algorithms.fedga import fedga, gradalign, lbsgd
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round
 from fljax.models import from_module
@@ -121,8 +163,11 @@ class Problem:
         means = np.equal.outer(np.arange(self.n), owner) / np.array(sizes)[:, None]  # f_i = M l
         p = np.array(sizes, np.float64) / sum(sizes)
 
+        def client_losses(w):
+            return jnp.asarray(means) @ example_losses(w, x, y)       # (f_1(w), ..., f_n(w))
+
         def client_grads(w):
-            return jax.jacrev(lambda v: jnp.asarray(means) @ example_losses(v, x, y))(w)
+            return jax.jacrev(client_losses)(w)
 
         def spread(w):
             g = jnp.concatenate([a.reshape(self.n, -1) for a in jax.tree.leaves(client_grads(w))],
@@ -132,19 +177,26 @@ class Problem:
         with jax.enable_x64(True):
             self.data = federate(x, y, parts, CLASSES)
             self.reference = jax.jit(lambda w: (client_grads(w), jax.grad(spread)(w)))
+        # f = sum_i p_i f_i and R_p: for the FedGA theorems' objectives (Theorems 1-3)
+        self.client_losses, self.spread = client_losses, spread
+        self.objective = lambda w: jnp.asarray(p) @ client_losses(w)
         self._programs = {}
 
-    def run(self, alg, t, *, params=None, state=None):
+    def run(self, alg, t, *, params=None, state=None, local_steps=K, hparams=None):
         """The state after one round of ``alg`` run as round t (full participation, full-batch
-        local steps), from ``state`` or from ``params`` (default the initial parameters)."""
+        local steps), from ``state`` or from ``params`` (default the initial parameters).
+        With ``hparams``, ``alg`` is a function of them (traced: one program for all values)."""
         with jax.enable_x64(True):
-            if id(alg) not in self._programs:
-                self._programs[id(alg)] = (alg, make_round(
+            if (id(alg), local_steps) not in self._programs:
+                self._programs[id(alg), local_steps] = (alg, make_round(
                     alg, self.model, self.data, clients_per_round=self.n, batch_size=None,
-                    local_steps=K, aggregation=self.aggregation))
+                    local_steps=local_steps, aggregation=self.aggregation))
+            program = self._programs[id(alg), local_steps][1]
             if state is None:
-                state = init_state(alg, self.params if params is None else params, self.n, 0)
-            state, _ = self._programs[id(alg)][1](state._replace(round=jnp.asarray(t, jnp.int32)))
+                start = self.params if params is None else params
+                state = (init_state(alg, start, self.n, 0) if hparams is None
+                         else program.init_state(start, 0, hparams))
+            state, _ = program(state._replace(round=jnp.asarray(t, jnp.int32)))
             return jax.tree.map(np.asarray, state)
 
     def direction(self, w):
@@ -253,3 +305,156 @@ def test_stateful_scaffold_meets_theorem_5_from_its_second_round(option):
         predictions.append(-alpha ** 2 * K * (K - 1) / 4 * p.direction(x1))
         alphas.append(alpha)
     check_order(alphas, differences, predictions, last_relative=0.03)
+
+
+# ------------------------------------------------------------------------------------------------
+# Theorems 1-3 (see the module doc)
+
+def unraveled(p):
+    """(x0 flat, unravel) for the problem's parameters, in float64."""
+    with jax.enable_x64(True):
+        return jax.flatten_util.ravel_pytree(jax.tree.map(jnp.asarray, p.params))
+
+
+def test_sgd_minus_gd_over_the_orderings_is_theorem_1():
+    """K = n = 4 mini-batches (the clients' sets), every ordering equally likely (reversal
+    symmetric); K SGD steps averaged over the 24 orderings minus K GD steps on f_A."""
+    p = problem("equal")
+    start, unravel = unraveled(p)
+    with jax.enable_x64(True):
+        def grads(v):
+            g = jax.jacrev(p.client_losses)(unravel(v))
+            return jnp.concatenate([a.reshape(p.n, -1) for a in jax.tree.leaves(g)], axis=1)
+
+        def sgd(order, alpha):
+            return jax.lax.scan(lambda v, i: (v - alpha * grads(v)[i], None), start, order)[0]
+
+        def gd(alpha):
+            return jax.lax.scan(lambda v, _: (v - alpha * grads(v).mean(0), None), start, None,
+                                length=p.n)[0]
+
+        orders = jnp.asarray(list(itertools.permutations(range(p.n))))
+        differences = jax.jit(lambda alpha: (jax.vmap(sgd, (0, None))(orders, alpha).mean(0)
+                                             - gd(alpha), sgd(orders[0], alpha) - gd(alpha)))
+        alphas = [ALPHA0 / 2 ** t for t in ROUNDS]
+        averaged, single = zip(*(map(np.asarray, differences(a)) for a in alphas))
+    direction = p.direction(p.params)           # grad R_p, R_p = (1/K) sum_i ||g_i - g_A||^2
+    predictions = [-a ** 2 * p.n / 4 * direction for a in alphas]     # -(K alpha^2 / 2) grad r_A
+    check_order(alphas, averaged, predictions, last_relative=0.03)
+    # One ordering alone is not the expectation, and the appendix's -(alpha^2/4) sum_i (H_i - H_A)
+    # (g_i - g_A) (half the theorem's) is not the difference: both stay O(alpha^2) off.
+    for got, predicted in ((single[-1], predictions[-1]), (averaged[-1], predictions[-1] / 2)):
+        assert np.linalg.norm(got - predicted) > 0.4 * np.linalg.norm(predicted)
+
+
+def traced_gradalign(h):
+    """GradAlign with step size h["lr"] and weight decay h["wd"] (traced: one program for all),
+    displacement ALPHA0 / 2^t in round t."""
+    return halving_beta(gradalign(local_sgd(h["lr"], weight_decay=h["wd"]), beta=ALPHA0))
+
+
+def test_gradalign_minus_gd_is_theorem_2():
+    """fljax's gradalign (K = 1) minus lbsgd (GD on f) at alpha = 0.05 with beta = 0.05 / 2^t:
+    the remainder is O(alpha beta^2), so the error falls as beta^2 while the prediction falls as
+    beta."""
+    p = problem("equal")
+    alpha = 0.05
+    direction = p.direction(p.params)
+    with jax.enable_x64(True):
+        gd = lbsgd(alpha)
+    betas, differences, predictions = [], [], []
+    for t in ROUNDS:
+        beta = ALPHA0 / 2 ** t
+        ga = p.run(traced_gradalign, t, local_steps=1, hparams={"lr": alpha, "wd": 0.0})
+        differences.append(flat(ga.params) - flat(p.run(gd, t, local_steps=1).params))
+        predictions.append(-alpha * beta / 2 * direction)   # -(alpha beta / 2n) grad R
+        betas.append(beta)
+    errors = [np.linalg.norm(d - q) for d, q in zip(differences, predictions)]
+    relative = [e / np.linalg.norm(q) for e, q in zip(errors, predictions)]
+    assert 1.7 < log_log_slope(betas, errors) < 2.3, (errors, relative)
+    assert all(b < 0.6 * a for a, b in zip(relative, relative[1:])), relative
+    assert relative[-1] < 0.02, relative
+
+
+LAMBDA = 0.1     # f_i = CE_i + LAMBDA/2 ||x||^2: the tanh MLP's CE alone has no finite minimum here
+
+
+def descent_problem():
+    """f = sum_i p_i f_i + LAMBDA/2 ||x||^2 and r = R_p / 2 on flat vectors, and a critical
+    point x_c of f (trust-region Newton)."""
+    p = problem("equal")
+    start, unravel = unraveled(p)
+    with jax.enable_x64(True):
+        def f(v):
+            return p.objective(unravel(v)) + LAMBDA / 2 * v @ v
+
+        def r(v):
+            return p.spread(unravel(v)) / 2
+
+        local = jax.jit(lambda v: (f(v), jax.grad(f)(v), jax.hessian(f)(v), r(v), jax.grad(r)(v)))
+        critical = scipy.optimize.minimize(
+            lambda v: float(local(v)[0]), np.asarray(start), method="trust-exact",
+            jac=lambda v: np.asarray(local(v)[1]), hess=lambda v: np.asarray(local(v)[2]),
+            options={"gtol": 1e-12}).x
+
+    def at(v):
+        """[f, grad f, Hess f, r, grad r] at v, as numpy."""
+        with jax.enable_x64(True):
+            return [np.asarray(a) for a in local(jnp.asarray(v))]
+
+    return p, unravel, at, np.asarray(start), critical
+
+
+def gradalign_changes(p, unravel, local, x, alpha):
+    """f^(x+) - f^(x) for one GradAlign step (fljax's, K = 1) with step size alpha and
+    displacement beta = ALPHA0 / 2^t, f^ = f + beta r, per t."""
+    f0, _, _, r0, _ = local(x)
+    with jax.enable_x64(True):
+        start = unravel(jnp.asarray(x))
+    changes = []
+    for t in ROUNDS:
+        beta = ALPHA0 / 2 ** t
+        end = flat(p.run(traced_gradalign, t, local_steps=1, params=start,
+                         hparams={"lr": alpha, "wd": LAMBDA}).params)
+        f1, _, _, r1, _ = local(end)
+        changes.append(float((f1 + beta * r1) - (f0 + beta * r0)))
+    return np.array(changes)
+
+
+def test_gradalign_descent_condition_is_theorem_3():
+    """At a critical point x_c of f (grad f = 0, grad r != 0: case 2 of the proof), a step of
+    size alpha < 1 / (2 L1) decreases f^ = f + beta r by
+
+        alpha beta^2 (||grad r||^2 - (alpha / 2) grad r^T Hess f grad r) + O(alpha beta^3),
+
+    the descent coming from the regularizer alone; at alpha beyond 2 ||grad r||^2 / (grad r^T
+    Hess f grad r) (> 2 / L1) the same formula and the step increase f^. Away from critical
+    points (case 1, the initial model) the step decreases f^ for every beta tried and tends to
+    the GD step's decrease of f as beta -> 0. L1 is the local ||Hess f||_2 (the theorem's is a
+    global bound: the step moves x by < 0.01)."""
+    p, unravel, local, start, critical = descent_problem()
+    _, grad_f, hess_f, _, grad_r = local(critical)
+    assert np.linalg.norm(grad_f) < 1e-10 and np.linalg.norm(grad_r) > 0.1
+    alpha = 0.9 / (2 * np.abs(np.linalg.eigvalsh(hess_f)).max())
+    betas = np.array([ALPHA0 / 2 ** t for t in ROUNDS])
+
+    def predicted(a):
+        return -a * betas ** 2 * (grad_r @ grad_r - a / 2 * grad_r @ hess_f @ grad_r)
+
+    changes = gradalign_changes(p, unravel, local, critical, alpha)
+    assert (changes < 0).all(), changes
+    errors = np.abs(changes - predicted(alpha))
+    relative = errors / np.abs(predicted(alpha))
+    assert 2.7 < log_log_slope(betas, errors) < 3.3, (changes, relative)
+    assert relative[-1] < 0.01 and all(b < 0.6 * a for a, b in zip(relative, relative[1:]))
+    too_large = 1.5 * 2 * (grad_r @ grad_r) / (grad_r @ hess_f @ grad_r)
+    changes = gradalign_changes(p, unravel, local, critical, too_large)
+    assert (changes > 0).all() and (predicted(too_large) > 0).all(), changes
+    np.testing.assert_allclose(changes[-1], predicted(too_large)[-1], rtol=0.05)
+    # case 1: grad f != 0
+    f0, grad_f, hess_f, _, _ = local(start)
+    alpha = 0.9 / (2 * np.abs(np.linalg.eigvalsh(hess_f)).max())
+    changes = gradalign_changes(p, unravel, local, start, alpha)
+    gd_change = local(start - alpha * grad_f)[0] - f0
+    assert (changes < 0).all() and gd_change < 0, changes
+    assert 0.8 < log_log_slope(betas, np.abs(changes - gd_change)) < 1.2

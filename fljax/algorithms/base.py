@@ -157,11 +157,21 @@ class LocalSGD(NamedTuple):
         g <- 0 on frozen leaves            (only when update() is given ``frozen=``: FedBug)
         g <- clip(g, clip_norm)
         g <- g + (weight_decay + extra_weight_decay) * y        (torch's weight_decay: unclipped)
-        buf <- momentum * buf + g; y <- y - lr * round_decay**t * buf   (torch-style momentum)
+        buf <- momentum * buf + g; y <- y - lr_t * buf                 (torch-style momentum)
+
+    with the learning rate of round t
+
+        lr_t = learning_rate * round_decay**t                       (inverse_decay_offset=None)
+        lr_t = learning_rate * round_decay**t * d / (t + d)         (inverse_decay_offset=d > 0)
+
+    The second, with round_decay = 1, is the round schedule of FedDecay's Theorems 1-2
+    (feddecay.txt): alpha_t = c / (t + d) with c = learning_rate * d (lr_0 = learning_rate), so
+    that under ``feddecay``'s within-round decay local step k of round t takes c / (t + d) * beta_k.
 
     Every number may be a scalar array, traced too (``fljax.hyperparams``); ``clip_norm=None`` (no
-    clip) is structural. A concrete momentum or weight decay of 0 leaves out the buffer or the
-    decay term; a traced one keeps them (momentum 0 then gives buf = g, the same steps).
+    clip) and ``inverse_decay_offset=None`` (no inverse-time decay) are structural. A concrete
+    momentum or weight decay of 0 leaves out the buffer or the decay term; a traced one keeps them
+    (momentum 0 then gives buf = g, the same steps).
     """
 
     learning_rate: float
@@ -169,10 +179,15 @@ class LocalSGD(NamedTuple):
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip_norm: float | None = None
+    inverse_decay_offset: float | None = None
 
     def lr(self, round_index: jax.Array) -> jax.Array:
-        """eta_l * decay**t."""
-        return self.learning_rate * self.round_decay ** round_index
+        """eta_l * decay**t, times d / (t + d) with an inverse-decay offset d."""
+        lr = self.learning_rate * self.round_decay ** round_index
+        if self.inverse_decay_offset is not None:
+            d = self.inverse_decay_offset
+            lr = lr * d / (round_index + d)        # (eta_l d) / (t + d) = c / (t + d)
+        return lr
 
     def chain(self, round_index: jax.Array, loss_terms: Sequence[optax.GradientTransformation] = (),
               extra_weight_decay: jax.Array | float = 0.0) -> optax.GradientTransformation:
@@ -190,7 +205,8 @@ class LocalSGD(NamedTuple):
 
 
 def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float = 0.0,
-              weight_decay: float = 0.0, clip_norm: float | None = None) -> LocalSGD:
+              weight_decay: float = 0.0, clip_norm: float | None = None,
+              inverse_decay_offset: float | None = None) -> LocalSGD:
     """LocalSGD with keyword arguments, each checked (a traced one where it was concrete)."""
     check("learning_rate", learning_rate, POSITIVE, "> 0 and finite")
     check("round_decay", round_decay, lambda v: 0 < v <= 1, "in (0, 1]")
@@ -198,7 +214,10 @@ def local_sgd(learning_rate: float, *, round_decay: float = 1.0, momentum: float
     check("weight_decay", weight_decay, NON_NEGATIVE, ">= 0 and finite")
     if clip_norm is not None:
         check("clip_norm", clip_norm, POSITIVE, "> 0 and finite, or None")
-    return LocalSGD(learning_rate, round_decay, momentum, weight_decay, clip_norm)
+    if inverse_decay_offset is not None:
+        check("inverse_decay_offset", inverse_decay_offset, POSITIVE, "> 0 and finite, or None")
+    return LocalSGD(learning_rate, round_decay, momentum, weight_decay, clip_norm,
+                    inverse_decay_offset)
 
 
 ClientOptimizer = Callable[[jax.Array], optax.GradientTransformation]
