@@ -231,6 +231,8 @@ def _sweep(argv: list[str]) -> int:
                         help="override a config value in every run (JSON value), e.g. "
                              "--set rounds=3 --set dataset=cifar100")
     parser.add_argument("--rows", nargs="+", metavar="ROW", help="run only these rows")
+    parser.add_argument("--columns", nargs="+", metavar="COLUMN",
+                        help="run only these columns (and the comparisons among them)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     _batch_flags(parser)
     args = parser.parse_args(argv)
@@ -242,9 +244,8 @@ def _sweep(argv: list[str]) -> int:
         jax.config.update("jax_compilation_cache_dir", os.path.join(out_dir, "xla_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     changes = sweep.parse_settings(args.set)
-    cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, args.rows, **changes)
-    if args.rows:
-        spec = {**spec, "rows": {r: spec["rows"][r] for r in args.rows}}
+    spec = sweep.restrict(spec, args.rows, args.columns)
+    cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, **changes)
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:

@@ -236,6 +236,26 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     return result
 
 
+def restrict(sweep: dict[str, Any], rows: list[str] | None = None,
+             columns: list[str] | None = None) -> dict[str, Any]:
+    """The sweep with only ``rows`` and ``columns`` (None: all), its ``compare`` pairs and
+    ``cost_relative_to`` kept where both sides remain (``fljax sweep --rows/--columns``)."""
+    for key, names in (("rows", rows), ("columns", columns)):
+        unknown = sorted(set(names or ()) - set(sweep[key]))
+        if unknown:
+            raise FljaxError(f"{key} {unknown} are not {key} of the sweep; its {key} are "
+                             f"{list(sweep[key])}")
+    kept = {**sweep}
+    if rows:
+        kept["rows"] = {r: v for r, v in sweep["rows"].items() if r in rows}
+    if columns:
+        kept["columns"] = {c: v for c, v in sweep["columns"].items() if c in columns}
+        kept["compare"] = [p for p in sweep.get("compare", []) if set(p) <= set(columns)]
+        if sweep.get("cost_relative_to") not in kept["columns"]:
+            kept.pop("cost_relative_to", None)
+    return kept
+
+
 def parse_settings(settings: list[str]) -> dict[str, Any]:
     """``["rounds=3", "dataset=cifar100"]`` -> {"rounds": 3, "dataset": "cifar100"}: each value is
     read as JSON, or taken as a string if it is not JSON."""

@@ -353,3 +353,16 @@ def test_results_csv_has_every_run_and_the_selected_curves(tmp_path):
     first = next(r for r in curves if r["column"] == "A" and r["seed"] == "2")
     assert (first["round"], float(first["accuracy"]), float(first["val_accuracy"])) == \
         ("1", 0.21, 0.8)
+
+
+def test_a_sweep_restricted_to_columns_keeps_their_comparisons(tmp_path):
+    spec = {**GRID_SPEC, "columns": {**GRID_SPEC["columns"], "B": {"algorithm": "fedavg"}},
+            "compare": [["P", "A"], ["B", "A"]], "cost_relative_to": "B"}
+    kept = sweep.restrict(spec, columns=["A", "B"])
+    assert list(kept["columns"]) == ["A", "B"] and kept["compare"] == [["B", "A"]]
+    assert kept["cost_relative_to"] == "B" and "cost_relative_to" not in sweep.restrict(
+        spec, columns=["A", "P"])
+    assert {c.column for c in sweep.cells(kept, None, str(tmp_path))} == {"A", "B"}
+    assert spec["compare"] == [["P", "A"], ["B", "A"]]              # the file's spec unchanged
+    with pytest.raises(FljaxError, match=r"columns \['Q'\] are not columns of the sweep"):
+        sweep.restrict(spec, columns=["Q"])
