@@ -128,7 +128,11 @@ class RoundFunction:
 
     def algorithm_of(self, state: RoundState) -> Algorithm:
         """The algorithm of one run's (unbatched) state, built on the host from its concrete
-        hyperparameters: for what runs outside the round (evaluation models, payloads)."""
+        hyperparameters: for what runs outside the round (evaluation models, payloads). A round
+        built from an Algorithm returns it (a run of a batch is evaluated with its own round,
+        whose algorithm has that run's values; its state still holds them as hparams)."""
+        if self._given is not None:
+            return self._given
         return self._build(jax.device_get(state.hparams))
 
     def data_of(self, run: int | None = None) -> FederatedData:

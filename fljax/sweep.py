@@ -253,6 +253,10 @@ def restrict(sweep: dict[str, Any], rows: list[str] | None = None,
         kept["compare"] = [p for p in sweep.get("compare", []) if set(p) <= set(columns)]
         if sweep.get("cost_relative_to") not in kept["columns"]:
             kept.pop("cost_relative_to", None)
+    dropped = (set(sweep["rows"]) - set(kept["rows"])) | (set(sweep["columns"])
+                                                          - set(kept["columns"]))
+    kept["scales"] = {name: {key: value for key, value in scale.items() if key not in dropped}
+                      for name, scale in sweep.get("scales", {}).items()}
     return kept
 
 

@@ -28,12 +28,12 @@ def without_time(lines):
 
 def test_a_grid_of_seeds_and_lrs_trains_in_one_program_and_equals_each_run_alone(tmp_path):
     """In a child process (two CPU devices: the runs are spread over both), 2 lrs x 2 seeds with
-    a validation split and personalized evaluation of new and existing users: every run's log
-    equals the same run alone (one device, its own program), checkpoints and config per run,
-    and the table."""
+    a validation split, personalized evaluation of new and existing users and an evaluation probe
+    (each run scored with its own values): every run's log equals the same run alone (one
+    device, its own program), checkpoints and config per run, and the table."""
     out = tmp_path / "grid"
     done = subprocess.run([sys.executable, "-m", "fljax", *TINY, "--out-dir", str(out),
-                           "--seeds", "0-1", "--set", "lr=0.05,0.2"],
+                           "--seeds", "0-1", "--set", "lr=0.05,0.2", "--probes", "all_model"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "4 runs in one program on 2 device(s)" in done.stdout
@@ -43,11 +43,12 @@ def test_a_grid_of_seeds_and_lrs_trains_in_one_program_and_equals_each_run_alone
         "rounds": 4, "eval_every": 2, "checkpoint_every": 2, "num_clients": 7,
         "clients_per_round": 3, "local_steps": 2, "local_epochs": None,
         "validation_fraction": 0.1, "new_users": 0.2, "user_test_fraction": 0.2,
-        "finetune_steps": 2, "lr": 0.2, "seed": 1, "out_dir": str(tmp_path / "alone")})
+        "finetune_steps": 2, "lr": 0.2, "seed": 1, "probes": "all_model",
+        "out_dir": str(tmp_path / "alone")})
     run(config, progress=False)
     batched = out / "lr_0.2" / "seed_1"
     assert without_time(records(str(batched))) == without_time(records(config.out_dir))
-    assert "new_test_acc" in records(config.out_dir)[-1]
+    assert {"new_test_acc", "all_model/accuracy"} <= set(records(config.out_dir)[-1])
     assert json.loads((batched / "config.json").read_text())["lr"] == 0.2
     assert sorted(os.listdir(batched / "checkpoints")) == ["2", "4"]
 

@@ -366,3 +366,9 @@ def test_a_sweep_restricted_to_columns_keeps_their_comparisons(tmp_path):
     assert spec["compare"] == [["P", "A"], ["B", "A"]]              # the file's spec unchanged
     with pytest.raises(FljaxError, match=r"columns \['Q'\] are not columns of the sweep"):
         sweep.restrict(spec, columns=["Q"])
+    # a scale's overrides of the dropped row or columns go with them
+    scaled = {**spec, "scales": {"small": {"P": {"rounds": 1}, "Dir": {"rounds": 3},
+                                           "A": {"rounds": 4}}}}
+    kept = sweep.restrict(scaled, columns=["A"])
+    assert kept["scales"] == {"small": {"Dir": {"rounds": 3}, "A": {"rounds": 4}}}
+    assert {c.config.rounds for c in sweep.cells(kept, "small", str(tmp_path))} == {4}
