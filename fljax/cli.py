@@ -315,14 +315,20 @@ def _grid(config, args) -> int:
     return 0
 
 
+# The CPU devices share the host's cores: on a busy host one device's thread can reach a
+# collective long after the other's, and XLA aborts the process after 40 s by default.
+CPU_COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=86400"
+
+
 def _cpu_devices_for_runs() -> None:
     """Runs trained together are spread over the devices: on a CPU host, make one XLA device per
-    core (before JAX starts; nothing if it runs already or XLA_FLAGS sets a count)."""
+    core (before JAX starts; nothing if it runs already or XLA_FLAGS sets a count), with a
+    collective timeout of a day instead of XLA's 40 s."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "jax" in sys.modules or "xla_force_host_platform_device_count" in flags:
         return
     os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
-                               f"{os.cpu_count() or 1}").strip()
+                               f"{os.cpu_count() or 1} {CPU_COLLECTIVE_TIMEOUT}").strip()
 
 
 def main(argv: list[str] | None = None) -> int:
