@@ -39,8 +39,10 @@ A sweep file::
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
 ``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
-(``"algorithm_args.mu"``, ``"wrappers.relaxed_init.beta"``). Each cell runs every point of its
-grid for every seed; its table entry is the point with the best mean over seeds of the final
+(``"algorithm_args.mu"``, ``"wrappers.relaxed_init.beta"``). Grids merge key by key down the
+levels: a row's ``{"batch_size": [16, 32, 64]}`` and a column's ``{"lr": [...]}`` give the cell
+both; a later level's key replaces that key's values, and ``null`` drops it. Each cell runs every
+point of its grid for every seed; its table entry is the point with the best mean over seeds of the final
 ``selection`` score, which must come from data held out of the test set (``validation_fraction``
 > 0 gives ``val_accuracy``: a share of the training examples kept out of the clients), and the
 entry reports the TEST scores of that point's runs. ``compare`` pairs two columns: the mean and
@@ -217,10 +219,13 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
         for column, column_values in sweep["columns"].items():
             layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
                       overrides.get(row, {}), column_values, overrides.get(column, {})]
-            # A later layer overrides an earlier one, whichever name of a field each uses.
-            merged = {key: value for layer in layers
-                      for key, value in current_names(layer).items()}
-            grid = current_names(merged.pop("grid", {}))
+            # A later layer overrides an earlier one, whichever name of a field each uses; grids
+            # merge key by key (a later level's key replaces that key's values, null drops it).
+            merged, grid = {}, {}
+            for layer in map(current_names, layers):
+                grid.update(current_names(layer.get("grid", {})))
+                merged.update((k, v) for k, v in layer.items() if k != "grid")
+            grid = {key: values for key, values in grid.items() if values is not None}
             for setting in grid_points(grid) if grid else [()]:
                 for seed in seeds or sweep.get("seeds", [0]):
                     run_dir = os.path.join(out_dir, scale or "base", slug(row), slug(column),

@@ -215,6 +215,23 @@ def test_grids_expand_into_runs_with_their_settings(tmp_path):
         sweep.cells({**GRID_SPEC, "columns": {"A": {"grid": {"lr.x": [1]}}}}, None, str(tmp_path))
 
 
+
+def test_grids_merge_key_by_key_down_the_levels(tmp_path):
+    """A row's grid and a column's grid give the cell both (FedDecay's SST2 batch sizes under
+    each method's lr grid); a later level's key replaces that key, and null drops it."""
+    spec = {**GRID_SPEC, "seeds": [0],
+            "rows": {"R": {"grid": {"batch_size": [16, 32]}}},
+            "scales": {"small": {"R": {"grid": {"batch_size": None}}, "A": {"grid": {"lr": [0.3]}}}}}
+    cells = sweep.cells(spec, None, str(tmp_path))
+    assert [dict(c.setting) for c in cells if c.column == "A"] == [
+        {"batch_size": 16, "lr": 0.1}, {"batch_size": 16, "lr": 0.2},
+        {"batch_size": 32, "lr": 0.1}, {"batch_size": 32, "lr": 0.2}]
+    assert [c.config.batch_size for c in cells if c.column == "P"] == [16, 16, 32, 32]
+    small = sweep.cells(spec, "small", str(tmp_path))
+    assert [c.setting for c in small if c.column == "A"] == [(("lr", 0.3),)]
+    assert {c.setting for c in small if c.column == "P"} == {
+        (("lr", 0.1), ("algorithm_args.mu", 0.01)), (("lr", 0.1), ("algorithm_args.mu", 0.1))}
+
 def test_selection_uses_the_validation_split_and_reports_test_and_paired_stats(tmp_path):
     """lr 0.2 wins on validation while lr 0.1 wins on test: the table shows lr 0.2's TEST
     accuracy; the paired difference and its t-test match scipy's."""
