@@ -50,6 +50,8 @@ def execute(name: str, tmp_path, monkeypatch, rounds: int, report: str, **env) -
 
 @pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
 def test_notebook_is_clean(name):
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    assert all("id" in cell for cell in cells), "every cell needs an id (nbformat.validator.normalize)"
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata.kernelspec.name == "python3"
