@@ -162,6 +162,68 @@ class Checkpoints:
         self._manager.close()
 
 
+def saved_params(out_dir: str, like: Any, reset: tuple[str, ...] = ()) -> tuple[int, Any]:
+    """``(round, params)``: the global model of the newest readable checkpoint of the run in
+    ``out_dir`` (``--init-from``), read as ``like`` (the model's own params: every layer but the
+    top-level layers ``reset``, which keep ``like``'s values, must have ``like``'s structure,
+    shapes and dtypes). Reads only the params, and never changes that run's directory (it may
+    still be running). Raises a one-line FljaxError naming what is missing or differs."""
+    directory = os.path.abspath(os.path.join(os.path.expanduser(out_dir), "checkpoints"))
+    rounds = sorted((int(name) for name in (os.listdir(directory) if os.path.isdir(directory)
+                                           else ()) if name.isdigit()), reverse=True)
+    if not rounds:
+        raise FljaxError(f"init_from {out_dir!r} has no checkpoint (no {directory}/<round>/): "
+                         f"give the --out-dir of a run that saved one")
+    unknown = sorted(set(reset) - set(like))
+    if unknown:
+        raise FljaxError(f"init_reset {unknown} are not top-level layers of the model; its "
+                         f"layers are {sorted(like)}")
+    wanted = {name: layer for name, layer in like.items() if name not in reset}
+    checkpointer, error = ocp.PyTreeCheckpointer(), None
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    _ignore_abandoned_reads()
+    for round_index in rounds:
+        path = os.path.join(directory, str(round_index), "state")
+        try:
+            with _quiet():
+                saved = checkpointer.metadata(path).item_metadata.tree["params"]
+        except Exception as e:  # orbax raises many kinds on a damaged checkpoint
+            error = error or e
+            continue
+        _check_params_like(saved, wanted, f"init_from {out_dir!r} (round {round_index})")
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                              wanted)
+        try:
+            with _quiet():
+                read = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+                    {"params": target}, partial_restore=True,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(
+                        {"params": target})))["params"]
+        except Exception as e:
+            error = error or e
+            continue
+        return round_index, {**like, **read}
+    raise FljaxError(f"init_from {out_dir!r}: no checkpoint in {directory} can be read "
+                     f"({_first_line(error)})")
+
+
+def _check_params_like(saved: Any, wanted: Any, where: str) -> None:
+    """Raise FljaxError naming the first layer of ``wanted`` that ``saved`` (orbax metadata)
+    lacks or holds with another shape or dtype."""
+    saved_leaves = dict(jax.tree_util.tree_flatten_with_path(
+        saved, is_leaf=lambda x: hasattr(x, "shape"))[0])
+    for path, leaf in jax.tree_util.tree_flatten_with_path(wanted)[0]:
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if path not in saved_leaves:
+            raise FljaxError(f"{where} has no parameter {name!r}: it is another model (set "
+                             f"init_reset for layers to keep their own initialization)")
+        other = saved_leaves[path]
+        if tuple(other.shape) != tuple(leaf.shape) or other.dtype != leaf.dtype:
+            raise FljaxError(f"{where}: parameter {name!r} is {tuple(other.shape)} "
+                             f"{other.dtype} there and {tuple(leaf.shape)} {leaf.dtype} here "
+                             f"(set init_reset for layers to keep their own initialization)")
+
+
 def _without_new_empty_fields(like: Any) -> list[Any]:
     """``like`` (a NamedTuple) cut before each run of trailing fields that hold no arrays (e.g.
     ``RoundState.probes`` of a run without probes): how a checkpoint written before those fields

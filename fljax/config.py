@@ -79,6 +79,12 @@ class ExperimentConfig:
     pretrained: str | None = option(None, "model", "a local pretrained checkpoint the model "
                                     "starts from: BERT weights (.npz of HuggingFace names) for "
                                     "model bert_tiny")
+    init_from: str | None = option(None, "model", "start from the global model of another "
+                                   "run's newest checkpoint (that run's --out-dir); its params "
+                                   "must have this model's shapes")
+    init_reset: str = option("", "model", "with --init-from: top-level layers (comma-separated, "
+                             "e.g. 'Dense_2') that keep their own initialization instead, e.g. a "
+                             "classifier whose number of classes differs")
     conv_impl: str | None = option(None, "model", f"convolution: {' or '.join(CONV_IMPLS)}; "
                                    "unset: im2col on CPU (fast inside a scan), xla elsewhere")
     algorithm: str = option("fedavg", "algorithm", "the federated algorithm (`fljax algorithms` "
@@ -89,6 +95,9 @@ class ExperimentConfig:
                                    "--switch-at on (FedDyn as initialization: --algorithm feddyn "
                                    "--switch-to fedavg)")
     switch_at: int = option(0, "algorithm", "the round --switch-to takes over")
+    switch_lr: float | None = option(None, "algorithm", "the local lr of --switch-to (unset: "
+                                     "--lr); an x0.1 step at the switch (Figure 7 of FedDyn as "
+                                     "initialization): --lr 0.1 --switch-lr 0.01")
     switch_args: str = option("{}", "algorithm", "hyperparameters of --switch-to, a JSON object")
     switch_carry_state: bool = option(False, "algorithm", "--switch-to continues from the first "
                                       "algorithm's server and client state (FedDyn -> FedDyn w/o "
@@ -264,6 +273,18 @@ class ExperimentConfig:
             raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
+        if self.switch_lr is not None and not 0 < self.switch_lr < float("inf"):
+            raise FljaxError(f"switch_lr must be > 0 and finite, or unset, got {self.switch_lr}")
+        if self.switch_lr is not None and self.switch_to is None:
+            raise FljaxError(f"switch_lr needs switch_to (the algorithm it is the lr of), got "
+                             f"switch_lr={self.switch_lr} and no switch_to")
+        if self.init_from is not None and self.pretrained is not None:
+            raise FljaxError(f"set one of init_from and pretrained (both give the initial "
+                             f"model), got init_from={self.init_from!r}, "
+                             f"pretrained={self.pretrained!r}")
+        if self.init_reset and self.init_from is None:
+            raise FljaxError(f"init_reset needs init_from (the run whose params it keeps), got "
+                             f"init_reset={self.init_reset!r}")
         if not 0 <= self.validation_fraction < 1:
             raise FljaxError(f"validation_fraction must be in [0, 1), got "
                              f"{self.validation_fraction}")

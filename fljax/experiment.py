@@ -15,6 +15,7 @@ from fljax.data.dataset import Dataset
 from fljax.data.augment import named_augmentation
 from fljax.data.federated import FederatedData, federate, with_parts
 from fljax.data.users import split_users
+from fljax.checkpoint import saved_params
 from fljax.engine import RoundFunction, RoundState, make_round
 from fljax.errors import FljaxError
 from fljax.evaluate import make_evaluator
@@ -140,17 +141,20 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
 def build_algorithm(config: ExperimentConfig, model: Model, data: FederatedData | None = None,
                     values: Mapping[str, Any] | None = None) -> algorithms.Algorithm:
     """The algorithm named by the config, switched to ``switch_to`` at ``switch_at`` (or when
-    Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, carrying the state
-    over if ``switch_carry_state``, with the config's wrappers. ``values``: config keys whose value
+    Proposition 1's criterion ``switch_when`` holds: it needs ``data``) if set, with local lr
+    ``switch_lr`` (default ``lr``), carrying the state over if ``switch_carry_state``, with the
+    config's wrappers. ``values``: config keys whose value
     replaces the config's, e.g. traced hyperparameters ({'lr': ..., 'algorithm_args.mu': ...})."""
     options, value = config.options, with_values(config, values)
     algorithm = make_algorithm(config.algorithm,
                                arguments(value, "algorithm_args", options.algorithm_args),
                                config, model, values)
     if config.switch_to is not None:
+        then_values = values if config.switch_lr is None else {
+            **(values or {}), "lr": value["switch_lr"]}
         then = make_algorithm(config.switch_to,
                               arguments(value, "switch_args", options.switch_args), config,
-                              model, values)
+                              model, then_values)
         if options.switch_when:
             criterion = probes.switching_criterion(
                 **criterion_args(options.switch_when, config, model, data))
@@ -260,10 +264,14 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     evaluate_validation = None if validation is None else make_evaluator(
         model, *validation, like=shared.setdefault(("validation", model_key), evaluate))
 
+    reset = tuple(name.strip() for name in config.init_reset.split(",") if name.strip())
+
     def initial_params():
         params = model.init(jax.random.PRNGKey(config.seed))
         if config.pretrained is not None:
             params = load_bert_checkpoint(config.pretrained, params)
+        if config.init_from is not None:
+            params = saved_params(config.init_from, params, reset)[1]
         return params
 
     if config.pretrained is not None:

@@ -4,7 +4,7 @@ Two experiments compile to the same round program when they differ only in
 
 - values that are *traced* (``fljax.hyperparams``): the local optimizer's numbers (``lr``,
   ``lr_decay``, ``momentum``, ``weight_decay``, a set ``clip_norm``), ``server_lr``, a set
-  ``switch_at``, and every number of the algorithm's, the switch's, a wrapper's or the server
+  ``switch_at`` and ``switch_lr``, and every number of the algorithm's, the switch's, a wrapper's or the server
   optimizer's JSON arguments whose factory parameter takes a float (FedProx's mu, FedDyn's
   alpha, +RI's beta, FedBug's unfreezing share, ...);
 - their *data*: the seed (the split, the initial model, every draw) and the split's settings
@@ -28,7 +28,7 @@ from fljax.arguments import takes_float
 from fljax.config import ExperimentConfig
 
 TRACED_FIELDS = ("lr", "lr_decay", "momentum", "weight_decay", "clip_norm", "server_lr",
-                 "switch_at")
+                 "switch_at", "switch_lr")
 DATA_FIELDS = ("seed", "partition", "dirichlet_alpha", "min_size", "replacement",
                "classes_per_client", "validation_fraction", "user_val_fraction",
                "user_test_fraction")
@@ -61,7 +61,7 @@ def traceable(config: ExperimentConfig, key: str) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if key in TRACED_FIELDS:
-        return key != "switch_at" or config.switch_to is not None
+        return not key.startswith("switch_") or config.switch_to is not None
     field, *path = key.split(".")
     factory = {"algorithm_args": getattr(algorithms, config.algorithm),
                "switch_args": getattr(algorithms, str(config.switch_to), None),

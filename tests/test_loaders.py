@@ -151,6 +151,19 @@ def test_cifar_is_standardized_per_channel_as_in_the_feddyn_code(tmp_path, no_ne
     np.testing.assert_array_equal(ds.y_test, raw.y_test)
 
 
+def test_imagenet32_tests_on_its_validation_split_standardized_per_channel(tmp_path,
+                                                                             no_network):
+    """feddyn-as-init Figure 7's public data: ImageNet-1k at 32x32, held out = 'validation'."""
+    with tfds.testing.mock_data(num_examples=6):
+        raw = load_tfds("imagenet_resized/32x32", data_dir=tmp_path, test_split="validation")
+        ds = load_dataset("imagenet_resized/32x32", data_dir=tmp_path)
+    assert ds.num_classes == 1000 and ds.x_train.shape == (6, 32, 32, 3)
+    mean, std = loaders.CHANNEL_STATS["imagenet_resized/32x32"]
+    np.testing.assert_allclose(ds.x_test, (raw.x_test - np.array(mean)) / np.array(std),
+                               rtol=1e-5, atol=1e-6)
+    assert no_network == []
+
+
 def test_emnist_balanced_is_normalized_to_minus_one_one_as_in_the_fedga_code(tmp_path, no_network):
     """FedGA's code: ToTensor (uint8 / 255) then Normalize((0.5,), (0.5,)): x / 127.5 - 1."""
     with tfds.testing.mock_data(num_examples=6):

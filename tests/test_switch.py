@@ -158,3 +158,34 @@ def test_config_switch_carry_state_reaches_the_switch():
         alg = build_algorithm(config, model)
         state = init_state(alg, model.init(jax.random.PRNGKey(0)), 4, seed=0)
         assert (state.client_states[1] == ()) == carry
+
+
+def test_config_switch_lr_is_the_local_lr_of_the_second_algorithm():
+    """--switch-lr 0.01 after --lr 0.1 (feddyn-as-init Figure 7's x0.1 step at the switch) is
+    switch(feddyn at lr 0.1, fedavg at lr 0.01), inside the one compiled round, as a float or a
+    traced value; without it the second algorithm keeps --lr."""
+    from fljax.config import ExperimentConfig
+    from fljax.experiment import build_algorithm, make_algorithm
+    model = tiny_problem()[3]
+    config = ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.1,
+                              switch_lr=0.01).validate()
+    reference = switch(make_algorithm("feddyn", {}, config, model),
+                       make_algorithm("fedavg", {}, config.replace(lr=0.01), model), 2)
+    with jax.enable_x64(True):
+        expected, _ = run(reference, initial_params(), 4)
+        for values in (None, {"switch_lr": jnp.asarray(0.01)}):
+            got, _ = run(build_algorithm(config, model, values=values), initial_params(), 4)
+            for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(expected.params)):
+                np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+        kept, _ = run(build_algorithm(config.replace(switch_lr=None), model), initial_params(), 4)
+    assert not np.allclose(jax.tree.leaves(kept.params)[0], jax.tree.leaves(expected.params)[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(switch_lr=0.0), "switch_lr must be > 0 and finite, or unset, got 0.0"),
+    (dict(switch_lr=0.01, switch_to=None), "switch_lr needs switch_to"),
+])
+def test_bad_switch_lr_is_one_line(change, message):
+    from fljax.config import ExperimentConfig
+    with pytest.raises(FljaxError, match=message):
+        ExperimentConfig(switch_to="fedavg", switch_at=2).replace(**change).validate()

@@ -202,14 +202,19 @@ def load_npz(path: str) -> Dataset:
 
 
 # Per-channel (mean, std) applied once, before training, to images in [0, 1], as the papers' code
-# does: the FedDyn-family code standardizes CIFAR; FedGA's code (epfml/GradientAlignment, EMNIST
+# does: the FedDyn-family code standardizes CIFAR (and ImageNet-32, the public data of
+# feddyn-as-init's Figure 7, by torchvision's ImageNet values); FedGA's code (epfml/GradientAlignment, EMNIST
 # balanced: ToTensor + Normalize((0.5,), (0.5,))) maps EMNIST to [-1, 1]; pFL-Bench (FedDecay's
 # FEMNIST, feddecay/femnist--s02) normalizes LEAF's FEMNIST values by (0.1307, 0.3081).
 CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
+                 "imagenet_resized/32x32": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
                  "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
                  "emnist/balanced": ((0.5,), (0.5,)),
                  "leaf/femnist": ((0.1307,), (0.3081,))}
 
+
+# tfds datasets whose test split has another name: ImageNet's held-out split is 'validation'.
+TEST_SPLITS = {"imagenet_resized/32x32": "validation"}
 
 _SYNTHETIC = re.compile(r"synthetic_(?:iid|(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?))")
 _MNIST1D = re.compile(r"mnist1d(?:_(\d+))?")
@@ -308,7 +313,8 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
             f"dataset {name!r} needs a data directory with the prepared tfds data: pass --data-dir "
             "(only 'digits' loads without one)"
         )
-    dataset = load_tfds(name, data_dir=os.path.expanduser(str(data_dir)))
+    dataset = load_tfds(name, data_dir=os.path.expanduser(str(data_dir)),
+                        test_split=TEST_SPLITS.get(name, "test"))
     if name in CHANNEL_STATS:
         dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
     return dataset
