@@ -72,6 +72,12 @@ class ExperimentConfig:
     classes_per_client: int = option(2, "data", "classes: the number of classes each client "
                                      "holds")
     num_clients: int = option(20, "data", "number of clients")
+    client_noise: float = option(0.0, "data", "FedInit's client-based bias: client i's images "
+                                 "have channel c scaled by 1 + sigma e_ic, e ~ N(0, 1) drawn per "
+                                 "run (fljax.data.noise; 0: none)")
+    class_noise: float = option(0.0, "data", "FedInit's category-based bias: every image of "
+                                "class k (train, validation and test) brightened by sigma b_k, "
+                                "b ~ N(0, 1) drawn per run (0: none)")
     augment: str = option("none", "data", "augmentation of the training batches: "
                           f"{' or '.join(AUGMENTATIONS)} (the FedDyn code's CIFAR flip + pad-4 "
                           "crop)")
@@ -273,6 +279,13 @@ class ExperimentConfig:
             raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
+        for name in ("client_noise", "class_noise"):
+            if getattr(self, name) < 0:
+                raise FljaxError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.client_noise > 0 and self.user_test_fraction > 0:
+            raise FljaxError(f"client_noise copies each client's training images; per-user "
+                             f"validation and test sets (user_test_fraction="
+                             f"{self.user_test_fraction}) are not copied: use one of the two")
         if self.switch_lr is not None and not 0 < self.switch_lr < float("inf"):
             raise FljaxError(f"switch_lr must be > 0 and finite, or unset, got {self.switch_lr}")
         if self.switch_lr is not None and self.switch_to is None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from fljax import algorithms, probes
 from fljax.config import FULL_BATCH, ExperimentConfig
-from fljax.data import loaders, partition
+from fljax.data import loaders, noise, partition
 from fljax.data.dataset import Dataset
 from fljax.data.augment import named_augmentation
 from fljax.data.federated import FederatedData, federate, with_parts
@@ -213,12 +213,14 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     """
     config.validate()
     shared = {} if shared is None else shared
+    noisy = config.client_noise > 0 or config.class_noise > 0
     source = (config.dataset, config.data_dir, config.num_clients,
-              config.seed if loaders.depends_on_seed(config.dataset) else None)
+              config.seed if loaders.depends_on_seed(config.dataset) or noisy else None,
+              config.client_noise, config.class_noise)
     if ("dataset", source) not in shared:
-        shared["dataset", source] = loaders.load_dataset(
+        shared["dataset", source] = with_class_noise(loaders.load_dataset(
             config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
-            seed=config.seed)
+            seed=config.seed), config)
     dataset = shared["dataset", source]
     kept, validation = np.arange(len(dataset.y_train)), None
     if config.validation_fraction > 0:
@@ -244,7 +246,12 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "
                              f"{len(parts)} existing users (num_clients={config.num_clients} "
                              f"less the new_users={config.new_users} held out)")
-    if ("examples", source) in shared:        # the examples on the device once, every split
+    if config.client_noise > 0:               # each client its own copies (fljax.data.noise)
+        e, _ = noise.draws(config.num_clients, dataset.num_classes, dataset.x_train.shape[-1],
+                           config.seed)
+        data = federate(*noise.scale_clients(dataset.x_train, dataset.y_train, parts,
+                                             1 + config.client_noise * e), dataset.num_classes)
+    elif ("examples", source) in shared:      # the examples on the device once, every split
         data = with_parts(shared["examples", source], parts)
     else:
         data = shared["examples", source] = federate(dataset.x_train, dataset.y_train, parts,
@@ -298,6 +305,23 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
 
     return Experiment(config, dataset, data, model, algorithm, round_fn, evaluate, initial_state,
                       evaluate_users, evaluate_validation, initial_params)
+
+
+def with_class_noise(dataset: Dataset, config: ExperimentConfig) -> Dataset:
+    """The dataset with FedInit's category-based bias (``class_noise``) on its training and test
+    images; unchanged without. With ``client_noise``, checks that its inputs are images."""
+    for name in ("client_noise", "class_noise"):
+        if getattr(config, name) > 0:
+            noise.check_images(dataset.x_train, config.dataset, name)
+    if config.class_noise == 0:
+        return dataset
+    _, b = noise.draws(config.num_clients, dataset.num_classes, dataset.x_train.shape[-1],
+                       config.seed)
+    offsets = config.class_noise * b
+    return dataset._replace(x_train=noise.brighten_classes(dataset.x_train, dataset.y_train,
+                                                           offsets),
+                            x_test=noise.brighten_classes(dataset.x_test, dataset.y_test,
+                                                          offsets))
 
 
 def experiment_model(config: ExperimentConfig, dataset: Dataset) -> Model:

@@ -76,8 +76,10 @@ def traceable(config: ExperimentConfig, key: str) -> bool:
 def batchable(config: ExperimentConfig) -> bool:
     """Whether runs of ``config`` can share a program with others: not with an adaptive switch or
     the switching-criterion probe (their constants come from one run's data and initial model),
-    nor with a population sharded over devices or processes."""
+    nor with FedInit's noise (each run's images are its own), nor with a population sharded over
+    devices or processes."""
     return (not config.options.switch_when and "switching_criterion" not in config.options.probes
+            and config.client_noise == 0 and config.class_noise == 0
             and config.num_devices == 1 and config.num_processes == 1)
 
 

@@ -107,6 +107,8 @@ def test_cells_share_a_program_when_they_differ_in_traced_values_and_data(tmp_pa
     for change in (dict(seed=7), dict(lr=0.3), dict(dirichlet_alpha=0.1), dict(rounds=9),
                    dict(momentum=0.5), dict(out_dir="elsewhere")):
         assert grouping.structure(base.replace(**change)) == grouping.structure(base), change
+    noisy = base.replace(client_noise=0.1)        # each run's images are its own
+    assert grouping.structure(noisy) != grouping.structure(noisy.replace(seed=9))
     switched = base.replace(switch_to="fedavg", switch_at=3, switch_lr=0.01)
     assert grouping.structure(switched.replace(switch_lr=0.02, switch_at=5)) == \
         grouping.structure(switched) != grouping.structure(switched.replace(switch_lr=None))

@@ -1,0 +1,52 @@
+"""FedInit's noisy data: client-based and category-based biases added to images at split time.
+
+fedinit.txt section 5 ("Setups"): "we change the strength of the RGB channels with a random
+Gaussian noise for different clients" (client-based biases: the clients' cameras differ) and "we
+add different brightness perturbations to the samples in each category by a random Gaussian noise"
+(category-based biases). The paper gives neither noise's form nor its scale; fljax reads them as
+
+    x'_{i,n}[..., c] = (1 + sigma_client * e_{i,c}) * (x_n[..., c] + sigma_class * b_{y_n})
+
+with e_{i,c}, b_k ~ N(0, 1) drawn once per run from its seed: client i's channel c is scaled by
+its own factor (its "camera"), and every image of class k, in training, validation and test data
+alike, is brightened by the class's own offset b_k. Both act on the images as the model sees them
+(standardized where the loader standardizes), so the sigmas are in those units. A split with
+replacement lists an example under several clients: each client gets its own copy.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from fljax.errors import FljaxError
+
+
+def draws(num_clients: int, num_classes: int, channels: int, seed: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(e [num_clients, channels], b [num_classes]): the standard normal draws of a run."""
+    rng = np.random.default_rng([seed, 0x6E6F697365])        # a stream of its own ("noise")
+    return rng.standard_normal((num_clients, channels)), rng.standard_normal(num_classes)
+
+
+def check_images(x, name: str, what: str) -> None:
+    if not isinstance(x, np.ndarray) or x.ndim != 4:
+        raise FljaxError(f"{what} needs images [N, H, W, C]; dataset {name!r} has inputs of "
+                         f"shape {getattr(x, 'shape', type(x).__name__)}")
+
+
+def brighten_classes(x: np.ndarray, y: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """x_n + o_{y_n} on every pixel and channel (``offsets`` = sigma_class * b)."""
+    return (x + offsets[y].astype(x.dtype)[:, None, None, None]).astype(x.dtype)
+
+
+def scale_clients(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray],
+                  scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """(x', y', parts'): client i's examples copied with channel c scaled by ``scales[i, c]``,
+    clients one after another (parts' are consecutive ranges)."""
+    copies = [x[part] * scales[i].astype(x.dtype) for i, part in enumerate(parts)]
+    ends = np.cumsum([len(part) for part in parts])
+    new_parts = [np.arange(end - len(part), end) for end, part in zip(ends, parts)]
+    return (np.concatenate(copies).astype(x.dtype), np.concatenate([y[p] for p in parts]),
+            new_parts)
