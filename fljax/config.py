@@ -78,9 +78,9 @@ class ExperimentConfig:
     class_noise: float = option(0.0, "data", "FedInit's category-based bias: every image of "
                                 "class k (train, validation and test) brightened by sigma b_k, "
                                 "b ~ N(0, 1) drawn per run (0: none)")
-    augment: str = option("none", "data", "augmentation of the training batches: "
-                          f"{' or '.join(AUGMENTATIONS)} (the FedDyn code's CIFAR flip + pad-4 "
-                          "crop)")
+    augment: str = option("none", "data", "augmentation of the training batches: none, "
+                          "flip_crop (the FedDyn code's CIFAR flip + pad-4 crop) or flip (flips "
+                          "only: FedBug on Tiny-ImageNet)")
     model: str = option("mlp", "model", f"one of {', '.join(MODEL_NAMES)}")
     pretrained: str | None = option(None, "model", "a local pretrained checkpoint the model "
                                     "starts from: BERT weights (.npz of HuggingFace names) for "

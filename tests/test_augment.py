@@ -44,6 +44,15 @@ def test_probability_zero_is_the_identity_and_one_always_flips():
         key, x), x[:, :, ::-1])
 
 
+def test_flip_only_flips_half_and_never_crops():
+    from fljax.data.augment import named_augmentation
+    x = images(1200)
+    out = np.asarray(named_augmentation("flip")(jax.random.PRNGKey(3), x))
+    flipped = np.all(out == x[:, :, ::-1], axis=(1, 2, 3))
+    assert np.all(flipped | np.all(out == x, axis=(1, 2, 3)))      # each one or the other
+    assert 0.45 <= flipped.mean() <= 0.55
+
+
 def test_every_output_is_a_flip_and_a_zero_padded_window_at_the_stated_rates():
     x = images(1200)
     out = np.asarray(flip_and_crop()(jax.random.PRNGKey(3), x))

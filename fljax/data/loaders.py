@@ -27,6 +27,7 @@ from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
 from fljax.data.leaf import load_leaf, load_user_npz
 from fljax.data.synthetic import load_synthetic
 from fljax.data.text import load_sst2
+from fljax.data.tiny_imagenet import load_tiny_imagenet
 from fljax.data.tfds_files import first_line, open_split, prepare_hint, read_split
 from fljax.errors import FljaxError
 
@@ -204,13 +205,15 @@ def load_npz(path: str) -> Dataset:
 # Per-channel (mean, std) applied once, before training, to images in [0, 1], as the papers' code
 # does: the FedDyn-family code standardizes CIFAR (and ImageNet-32, the public data of
 # feddyn-as-init's Figure 7, by torchvision's ImageNet values); FedGA's code (epfml/GradientAlignment, EMNIST
-# balanced: ToTensor + Normalize((0.5,), (0.5,))) maps EMNIST to [-1, 1]; pFL-Bench (FedDecay's
+# balanced: ToTensor + Normalize((0.5,), (0.5,))) maps EMNIST to [-1, 1]; Tiny-ImageNet by its
+# training set's channel statistics (FedBug states no normalization); pFL-Bench (FedDecay's
 # FEMNIST, feddecay/femnist--s02) normalizes LEAF's FEMNIST values by (0.1307, 0.3081).
 CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
                  "imagenet_resized/32x32": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
                  "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
                  "emnist/balanced": ((0.5,), (0.5,)),
-                 "leaf/femnist": ((0.1307,), (0.3081,))}
+                 "leaf/femnist": ((0.1307,), (0.3081,)),
+                 "tiny_imagenet": ((0.4802, 0.4481, 0.3975), (0.2302, 0.2265, 0.2262))}
 
 
 # tfds datasets whose test split has another name: ImageNet's held-out split is 'validation'.
@@ -257,6 +260,9 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
     - 'leaf/KIND' (femnist, shakespeare, sent140, synthetic) -> :func:`fljax.data.leaf.load_leaf`
       from ``data_dir``, the LEAF dataset's directory: clients are its users (partition natural);
       FEMNIST normalized as pFL-Bench does (CHANNEL_STATS);
+    - 'tiny_imagenet' -> :func:`fljax.data.tiny_imagenet.load_tiny_imagenet` from ``data_dir``,
+      the unpacked tiny-imagenet-200 folder (its labelled val split is the test split),
+      standardized per channel;
     - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
@@ -304,6 +310,8 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
         dataset, _ = federated_graph_dataset(graph, num_clients, seed=seed,
                                              split=SPLITS[name[10:]])
         return dataset._replace(name=name)
+    if name == "tiny_imagenet":
+        return normalize_channels(load_tiny_imagenet(data_dir), *CHANNEL_STATS[name])
     if name.endswith(".npz"):
         if os.path.isfile(name) and _has_users(name):
             return load_user_npz(name)

@@ -138,6 +138,8 @@ _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None
                                                 num_classes=classes, conv_impl=impl), (13, 13)),
     "standard_cnn": (lambda classes, impl: ConvNet(channels=(64, 64), hidden=(384, 192),
                                                    num_classes=classes, conv_impl=impl), (13, 13)),
+    "tiny_cnn": (lambda classes, impl: ConvNet(channels=(64, 64, 64), hidden=(384, 192),
+                                               num_classes=classes, conv_impl=impl), (36, 36)),
     "emnist_cnn": (lambda classes, impl: ConvNet(channels=(32, 64), hidden=(),
                                                  num_classes=classes, conv_impl=impl), (16, 16)),
     "resnet18_gn": (lambda classes, impl: torchvision_resnet((2, 2, 2, 2), classes, impl), (1, 1)),
@@ -172,6 +174,8 @@ def make_model(name: str, input_shape, num_classes: int,
       each hidden layer (a small model with state, e.g. for FedBN on vectors).
     - ``small_cnn``: conv5x5-16, pool, conv5x5-32, pool, fc128, fc (the 28x28 benchmark CNN).
     - ``standard_cnn``: conv5x5-64, pool, conv5x5-64, pool, fc384, fc192, fc (FedDyn / FedBug).
+    - ``tiny_cnn``: standard_cnn with a third conv5x5-64 + pool (FedBug's Tiny-ImageNet CNN:
+      "three convolutional layers followed by three fully connected layers"; 64x64 -> 4x4x64).
     - ``emnist_cnn``: conv5x5-32, pool, conv5x5-64, pool, fc (FedGA's ``cnn_mnist``; 100,271
       parameters for EMNIST-balanced's 47 classes).
     - ``resnet18_gn`` / ``resnet34_gn``: torchvision ImageNet-style ResNet-18/34 with
