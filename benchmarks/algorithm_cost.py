@@ -8,13 +8,17 @@ client strategy and conv. Each algorithm is built as the CLI builds it (``build_
 default hyperparameters); MOON's model carries its projection head and FedEM's is a mixture of 3,
 as in the CLI. All rows are timed round-robin in one run (``timing.round_robin``) and reported as
 a ratio to FedAvg, with the FLOPs of the compiled round (``RoundFunction.flops``, loop bodies times
-their trip counts) and the bytes a round sends (``Algorithm.payload`` x the model's bytes x the
-cohort), each as a ratio to FedAvg's (feddecay.txt Figure 1's two costs).
+their trip counts: matmuls and convolutions, then with elementwise work too, where FedDyn's and
+SCAFFOLD's vector terms show) and the bytes a round sends (``Algorithm.payload`` x the model's bytes
+x the cohort), each as a ratio to FedAvg's (feddecay.txt Figure 1's two costs), and the state the
+method keeps, in model copies: per client (SCAFFOLD's c_i, FedDyn's grad L_k, Ditto's personal
+model; FedInit Table 8's storage column) and on the server.
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import NamedTuple
 
 import jax
 
@@ -57,9 +61,17 @@ EXTRA_ROWS = {
 REQUIRED_ARGS = {"feddecay": {"beta": 0.9}}
 
 
-def candidate(name: str, setup, data) -> tuple[callable, float, int]:
-    """(a closure running one round of ``name`` (an algorithm or a row of EXTRA_ROWS), the FLOPs
-    of its compiled round, the bytes one round sends both ways)."""
+class Cost(NamedTuple):
+    flops: float            # matmuls and convolutions of one compiled round
+    all_flops: float        # ... and elementwise work
+    sent: int               # bytes one round sends both ways
+    client_models: float    # state per client, in model copies
+    server_models: float    # server state, in model copies
+
+
+def candidate(name: str, setup, data) -> tuple[callable, Cost]:
+    """(a closure running one round of ``name`` (an algorithm or a row of EXTRA_ROWS), its
+    Cost)."""
     model = setup.build(fljax.models.default_conv_impl())
     if name == "moon":
         model = with_projection_head(model)
@@ -72,18 +84,23 @@ def candidate(name: str, setup, data) -> tuple[callable, float, int]:
     round_fn = fljax.make_round(algorithm, model, data, clients_per_round=setup.cohort,
                                 batch_size=setup.batch, local_steps=setup.local_steps)
     state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
-    sent = sum(round_bytes(algorithm.payload(0), setup.cohort, param_bytes(state.params)))
-    return runner(round_fn, state), round_fn.flops(state), sent
+    model_bytes = param_bytes(state.params)
+    cost = Cost(round_fn.flops(state), round_fn.flops(state, elementwise=True),
+                sum(round_bytes(algorithm.payload(0), setup.cohort, model_bytes)),
+                param_bytes(state.client_states) / data.num_clients / model_bytes,
+                param_bytes(state.server_state) / model_bytes)
+    return runner(round_fn, state), cost
 
 
-def report(names, timings, rounds: int, flops: list[float], sent: list[int]) -> str:
+def report(names, timings, rounds: int, costs: list[Cost]) -> str:
     base = timings[names.index("fedavg")].seconds
-    fedavg = names.index("fedavg")
+    ref = costs[names.index("fedavg")]
     lines = [f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. Median of {rounds} "
              "timed rounds per row after one warm-up round, rows timed round-robin in one run.",
              "", "| algorithm | s/round | ratio to FedAvg | within 1.2x | FLOPs / FedAvg | "
-             "bytes / FedAvg | note |", "|---|---|---|---|---|---|---|"]
-    for name, t, f, b in zip(names, timings, flops, sent):
+             "with elementwise / FedAvg | bytes / FedAvg | state per client (models) | server "
+             "state (models) | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, t, c in zip(names, timings, costs):
         ratio = t.seconds / base
         ok = "yes" if ratio <= TARGET else ("no (inherent)" if name in INHERENT else "**no**")
         note = EXTRA_WORK.get(name, "")
@@ -94,7 +111,9 @@ def report(names, timings, rounds: int, flops: list[float], sent: list[int]) -> 
         if t.disturbed:
             note += f" ({t.disturbed} disturbed rounds dropped)"
         lines.append(f"| {name} | {t.seconds:.3f} | {ratio:.2f}x | {ok} | "
-                     f"{f / flops[fedavg]:.2f}x | {b / sent[fedavg]:.2f}x | {note} |")
+                     f"{c.flops / ref.flops:.2f}x | {c.all_flops / ref.all_flops:.2f}x | "
+                     f"{c.sent / ref.sent:.2f}x | {c.client_models:.2f} | {c.server_models:.2f} | "
+                     f"{note} |")
     if not any(t.disturbed for t in timings):
         lines += ["", f"No timed round was disturbed (other processes took <= {DISTURBED} of a "
                   "core during every timed round)."]
@@ -105,15 +124,14 @@ def main() -> None:
     args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "algorithm")
     # FedSGD and large-batch SGD take one full-batch step: not the same local work.
     names = [n for n in ALGORITHMS if n not in FULL_BATCH] + list(EXTRA_ROWS)
-    runs, flops, sent = [], [], []
+    runs, costs = [], []
     for name in names:
         print("building", name, flush=True)
-        run, round_flops, round_sent = candidate(name, setup, data)
+        run, cost = candidate(name, setup, data)
         runs.append(run)
-        flops.append(round_flops)
-        sent.append(round_sent)
+        costs.append(cost)
     timings = round_robin(runs, [rounds] * len(runs))
-    body = report(names, timings, rounds, flops, sent)
+    body = report(names, timings, rounds, costs)
     print("\n" + body)
     backend = "GPU" if jax.default_backend() == "gpu" else "CPU"
     write_section(args.out, f"Algorithm cost, {backend} (`benchmarks/algorithm_cost.py`)",

@@ -13,8 +13,10 @@ FLOPs: XLA's own cost analysis counts the body of a loop once, whatever its trip
 walks the compiled program instead: 2 x multiply-adds of every dot and convolution, times the
 known trip count of each loop around it; a conditional counts its most expensive branch, so under
 Bernoulli participation (idle chunks skipped by a conditional) the count is that of every client
-slot and the runner scales it by |S^t| / N. Elementwise work is not counted (it is small next to
-the matmuls of a training step).
+slot and the runner scales it by |S^t| / N. ``elementwise=True`` also counts one FLOP per output element of
+every arithmetic elementwise op (add, multiply, exp, compare, select, ...) and one per input element
+of every reduce (a reduction XLA splits in two stages adds its partial sums), inside fusions too: the vector work that a method such as FedDyn adds per step
+(its linear and quadratic terms), which the matmul count leaves out.
 """
 
 from __future__ import annotations
@@ -99,8 +101,17 @@ def _conv_flops(out: list[int], kernel: list[int], attributes: str) -> float:
     return 2.0 * math.prod(out) * math.prod(kernel) / kernel[labels.index("o")]
 
 
-def hlo_flops(text: str) -> float:
-    """FLOPs of a compiled HLO module's entry computation, loops counted by their trip counts."""
+# HLO opcodes of one floating-point (or comparison) operation per output element.
+ELEMENTWISE = frozenset({
+    "add", "subtract", "multiply", "divide", "remainder", "power", "maximum", "minimum", "negate",
+    "abs", "sign", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt", "rsqrt",
+    "cbrt", "tanh", "logistic", "sine", "cosine", "floor", "ceil", "round-nearest-afz",
+    "round-nearest-even", "compare", "select", "clamp", "atan2", "erf"})
+
+
+def hlo_flops(text: str, elementwise: bool = False) -> float:
+    """FLOPs of a compiled HLO module's entry computation, loops counted by their trip counts;
+    with ``elementwise``, elementwise ops and reductions count too (module doc)."""
     computations: dict[str, list[str]] = {}
     entry, current = None, None
     for line in text.splitlines():
@@ -129,6 +140,11 @@ def hlo_flops(text: str) -> float:
                 total += _dot_flops(shapes[result], shapes[operands[0]], rest)
             elif opcode == "convolution":
                 total += _conv_flops(shapes[result], shapes[operands[1]], rest)
+            elif elementwise and opcode in ELEMENTWISE and shapes[result] is not None:
+                total += math.prod(shapes[result])
+            elif elementwise and opcode in ("reduce", "reduce-window") and \
+                    shapes.get(operands[0]) is not None:
+                total += math.prod(shapes[operands[0]])
             elif opcode == "while":
                 body = re.search(r"body=%?([\w.\-]+)", rest).group(1)
                 condition = re.search(r"condition=%?([\w.\-]+)", rest).group(1)

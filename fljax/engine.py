@@ -203,12 +203,13 @@ class RoundFunction:
         """The round lowered for ``state`` (``.as_text()``, ``.compile()``)."""
         return self._jitted.lower(*self._arguments(state))
 
-    def flops(self, state: RoundState) -> float:
-        """FLOPs of one round as compiled (``fljax.accounting.hlo_flops``; every client slot of a
-        Bernoulli round counted; every run of a batch; over a mesh, the program of one device
+    def flops(self, state: RoundState, elementwise: bool = False) -> float:
+        """FLOPs of one round as compiled (``fljax.accounting.hlo_flops``: matmuls and
+        convolutions, with ``elementwise`` elementwise ops and reductions too; every client slot
+        of a Bernoulli round counted; every run of a batch; over a mesh, the program of one device
         times the devices). After a first call this reuses the compiled program."""
         devices = 1 if self.mesh is None else self.mesh.size
-        return devices * hlo_flops(self.lower(state).compile().as_text())
+        return devices * hlo_flops(self.lower(state).compile().as_text(), elementwise)
 
     def probe_scores(self, state: RoundState, evaluate: Callable[[Params], dict],
                      out_dir: str | None = None, run: int | None = None) -> dict[str, float]:

@@ -51,6 +51,24 @@ def test_convolutions_count_their_multiply_adds():
     assert hlo_flops(compiled_text(conv, x, kernel)) == 2 * 8 * 28 * 28 * 16 * 5 * 5 * 3
 
 
+def test_elementwise_work_counts_once_per_element_in_and_out_of_fusions_and_loops():
+    """a * b + exp(a) on [1000] is 3 ops per element, a sum over it one per input element (plus
+    the partial sums where XLA reduces in two stages); in a 10-step scan, 10 times; none of it
+    counts without ``elementwise``."""
+    a, b = jnp.linspace(0.0, 1.0, 1000), jnp.linspace(1.0, 2.0, 1000)
+    vector = lambda a, b: a * b + jnp.exp(a)
+    reduce = lambda a, b: (a * b).sum()
+    scanned = lambda a, b: jax.lax.scan(lambda c, _: (c * b + jnp.exp(c), None), a, None,
+                                        length=10)[0]
+    assert hlo_flops(compiled_text(vector, a, b), elementwise=True) == 3 * 1000
+    assert 2 * 1000 <= hlo_flops(compiled_text(reduce, a, b), elementwise=True) <= 2 * 1000 + 64
+    # each step also adds to the loop counter and compares it with the trip count
+    assert hlo_flops(compiled_text(scanned, a, b), elementwise=True) == 10 * (3 * 1000 + 2)
+    assert hlo_flops(compiled_text(vector, a, b)) == 0
+    matmul_and_tanh = lambda x, w: jnp.tanh(x @ w)
+    assert hlo_flops(compiled_text(matmul_and_tanh, X, W), elementwise=True) == MATMUL + 64 * 128
+
+
 @pytest.fixture(scope="module")
 def digits():
     ds = fljax.load_dataset("digits")
@@ -74,6 +92,29 @@ def test_round_flops_grow_linearly_with_local_steps(digits):
     # 3 x 2 x 16 x (64*200 + 200*200 + 200*10) FLOPs; four clients take one each.
     forward = 2 * 16 * (64 * 200 + 200 * 200 + 200 * 10)
     assert 2.5 * forward * 4 <= step <= 3.5 * forward * 4
+
+
+def test_feddyn_does_fedavgs_matmuls_plus_vector_work_and_keeps_one_model_per_client(digits):
+    """FedDyn's local step adds -<grad L_k, theta> + alpha/2 ||theta - theta^t||^2 to FedAvg's:
+    the same matmuls, 3-6 more elementwise FLOPs per parameter per step (visible only with
+    ``elementwise``); its client state is one model-sized vector (grad L_k), FedAvg's none."""
+    from fljax.accounting import param_bytes
+    ds, data = digits
+    model = fljax.make_model("mlp", ds.x_train.shape[1:], ds.num_classes)
+    params = model.init(jax.random.PRNGKey(0))
+    counted, stored = {}, {}
+    for name, alg in (("fedavg", fljax.fedavg(fljax.local_sgd(0.05))),
+                      ("feddyn", fljax.feddyn(fljax.local_sgd(0.05), alpha=0.1))):
+        round_fn = fljax.make_round(alg, model, data, clients_per_round=4, batch_size=16,
+                                    local_steps=5)
+        state = round_fn.init_state(params, 0)
+        counted[name] = (round_fn.flops(state), round_fn.flops(state, elementwise=True))
+        stored[name] = param_bytes(state.client_states) / (10 * param_bytes(params))
+    assert counted["feddyn"][0] == counted["fedavg"][0]
+    extra = counted["feddyn"][1] - counted["fedavg"][1]
+    size = sum(a.size for a in jax.tree.leaves(params))
+    assert 3 * 4 * 5 * size <= extra <= 6 * 4 * 5 * size      # 3-6 per parameter per step (4.45)
+    assert stored == {"fedavg": 0.0, "feddyn": 1.0}
 
 
 def test_bytes_follow_each_algorithm_payload(digits, tmp_path):
