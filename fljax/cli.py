@@ -197,9 +197,15 @@ def _batch_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_cells(cell_list, args, spec=None):
-    """Train the cells, those that share a program together; their results by cell."""
-    from fljax import sweep
+    """Train the cells, those that share a program together (a sweep scale with 'hyperband':
+    each cell's grid points searched with early stopping); their results by cell."""
+    from fljax import hyperband, sweep
     from fljax.train import run_many
+
+    options = None if spec is None else sweep.hyperband_options(spec, args.scale)
+    if options:
+        return hyperband.run_pruned(cell_list, lambda cells: _run_cells(cells, args), options,
+                                    spec.get("selection", "val_accuracy"))
 
     if args.max_runs is not None and args.max_runs < 1:
         raise FljaxError(f"--max-runs must be >= 1, got {args.max_runs}")
@@ -249,7 +255,7 @@ def _sweep(argv: list[str]) -> int:
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:
-            results = _run_cells(cell_list, args)
+            results = _run_cells(cell_list, args, spec)
             for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
                 more = sweep.extensions(spec, cell_list, results)
                 if not more:
@@ -257,7 +263,7 @@ def _sweep(argv: list[str]) -> int:
                 print(f"extending the grid of {len(more)} runs whose selected value is at its "
                       f"edge", flush=True)
                 cell_list += more
-                results.update(_run_cells(more, args))
+                results.update(_run_cells(more, args, spec))
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130

@@ -33,9 +33,12 @@ A sweep file::
                                                      and FLOPs over the whole run as a
                                                      multiple of this column's (feddecay.txt
                                                      Figure 1)
-     "extend": ["lr"]}                               optional: grid keys whose selected value
+     "extend": ["lr"],                               optional: grid keys whose selected value
                                                      may not sit at the grid's edge (the
                                                      tuning rule, below)
+     "hyperband": {"min_rounds": 10,                 optional: stop a cell's weak grid points
+                   "reduction_factor": 3}}           early (fljax.hyperband: FedDecay's search;
+                                                     a scale may set its own)
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
 ``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
@@ -83,12 +86,14 @@ from typing import Any, Callable, NamedTuple
 import scipy.stats
 
 from fljax.config import ExperimentConfig, current_names
+from fljax import hyperband
 from fljax.errors import FljaxError
 from fljax.grouping import group
 from fljax.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
-              "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend"}
+              "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
+              "hyperband"}
 MAX_EXTENSIONS = 4
 JSON_FIELDS = ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args",
                "probe_args", "switch_when")
@@ -147,6 +152,8 @@ def load_sweep(path: str) -> dict[str, Any]:
     extend = sweep.get("extend", [])
     if not (isinstance(extend, list) and all(isinstance(k, str) for k in extend)):
         raise FljaxError(f"sweep 'extend' must be a list of grid keys, got {extend!r}")
+    for scale in [None, *sweep.get("scales", {})]:
+        hyperband.check(hyperband_options(sweep, scale))
     if not isinstance(sweep.get("best_round", ""), str):
         raise FljaxError(f"sweep 'best_round' must be an evaluation key, got "
                          f"{sweep['best_round']!r}")
@@ -209,7 +216,7 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
         raise FljaxError(f"scale must be one of {sorted(scales)}, got {scale!r}")
     overrides = scales.get(scale, {}) if scale is not None else {}
     names = set(sweep["rows"]) | set(sweep["columns"]) | {"base"}
-    unknown = sorted(set(overrides) - names - {"target_accuracy"})
+    unknown = sorted(set(overrides) - names - {"target_accuracy", "hyperband"})
     if unknown:
         raise FljaxError(f"scale {scale!r} overrides unknown rows or columns {unknown}")
     result = []
@@ -404,6 +411,17 @@ def run_sweep(cell_list: list[Cell],
     return results
 
 
+def hyperband_options(sweep: dict[str, Any], scale: str | None) -> dict[str, Any] | None:
+    """The Hyperband options of a scale: its own ``hyperband`` entry, else the sweep's."""
+    return sweep.get("scales", {}).get(scale, {}).get("hyperband", sweep.get("hyperband"))
+
+
+def stopped(evaluations: list[dict[str, Any]]) -> bool:
+    """Whether a run diverged or was stopped early (``fljax.hyperband``)."""
+    return bool(evaluations) and bool(evaluations[-1].get("diverged")
+                                      or evaluations[-1].get("pruned"))
+
+
 def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
              column: str) -> tuple[tuple, list[list]]:
     """(the grid point of the cell with the best mean final ``selection`` score over seeds, the
@@ -417,16 +435,16 @@ def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
     key = sweep.get("selection", "val_accuracy")
     if len(runs) > 1:
         missing = [s for s, r in runs.items()
-                   if any(key not in e[-1] and not e[-1].get("diverged") for _, e in r)]
+                   if any(key not in e[-1] and not stopped(e) for _, e in r)]
         if missing:
             raise FljaxError(f"sweep cell {row!r} / {column!r} has a grid but its runs have no "
                              f"{key!r} to select on: set validation_fraction > 0 (a split held "
                              f"out of the training data; never select on the test set)")
 
-    def score(setting):      # a point with a diverged seed never wins
-        finals = [e[-1] for _, e in runs[setting]]
-        if any(f.get("diverged") for f in finals):
+    def score(setting):      # a point with a diverged seed, or stopped early, never wins
+        if any(stopped(e) for _, e in runs[setting]):
             return float("-inf")
+        finals = [e[-1] for _, e in runs[setting]]
         return statistics.mean(f.get(key, 0.0) for f in finals)
 
     best = max(runs, key=score)
