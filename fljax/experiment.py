@@ -214,13 +214,16 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     config.validate()
     shared = {} if shared is None else shared
     noisy = config.client_noise > 0 or config.class_noise > 0
+    user_split = ((config.user_val_fraction, config.user_test_fraction)
+                  if loaders.splits_users(config.dataset) and config.user_test_fraction > 0
+                  else None)
     source = (config.dataset, config.data_dir, config.num_clients,
               config.seed if loaders.depends_on_seed(config.dataset) or noisy else None,
-              config.client_noise, config.class_noise)
+              config.client_noise, config.class_noise, user_split)
     if ("dataset", source) not in shared:
         shared["dataset", source] = with_class_noise(loaders.load_dataset(
             config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
-            seed=config.seed), config)
+            seed=config.seed, user_split=user_split), config)
     dataset = shared["dataset", source]
     kept, validation = np.arange(len(dataset.y_train)), None
     if config.validation_fraction > 0:
@@ -240,7 +243,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     if config.user_test_fraction > 0:
         users = split_users(parts, new_fraction=config.new_users, seed=config.seed,
                             val_fraction=config.user_val_fraction,
-                            test_fraction=config.user_test_fraction)
+                            test_fraction=config.user_test_fraction,
+                            roles=dataset.role_train)
         parts = [users.train[i] for i in users.existing]
         if config.clients_per_round > len(parts):
             raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "

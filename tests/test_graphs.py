@@ -179,3 +179,49 @@ def test_planetoid_trains_from_the_cli(tmp_path):
                  "--batch-size", "0", "--local-steps", "2", "--rounds", "2",
                  "--eval-every", "2", "--quiet", "--out-dir", str(tmp_path / "run")])
     assert code == 0
+
+
+def test_per_user_node_splits_give_each_client_its_own_train_val_test():
+    """user_split: each client's nodes split on their own (20% val, 20% test, the rest train),
+    three labelled copies of its subgraph as its train / val / test examples."""
+    from fljax.data.users import held_out
+    graph = cliques(sizes=(12, 14, 10, 13), features=6)
+    plain, plain_val = federated_graph_dataset(graph, 3, seed=1, delta=2, split=(5, 8))
+    dataset, _ = federated_graph_dataset(graph, 3, seed=1, delta=2, split=(5, 8),
+                                         user_split=(0.2, 0.2))
+    np.testing.assert_array_equal(dataset.role_train, [0, 1, 2] * 3)
+    np.testing.assert_array_equal(dataset.user_train, [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    for c in range(3):
+        nodes = plain.x_train["node_mask"][c] == 1
+        np.testing.assert_array_equal(dataset.x_train["nodes"][3 * c], plain.x_train["nodes"][c])
+        labelled = dataset.y_train[3 * c:3 * c + 3] >= 0                   # [3, Vmax]
+        assert (labelled.sum(axis=0)[nodes] == 1).all()                    # each node once
+        assert not labelled[:, ~nodes].any()
+        n = int(nodes.sum())
+        assert labelled.sum(axis=1).tolist() == [n - 2 * held_out(n, 0.2), held_out(n, 0.2),
+                                                 held_out(n, 0.2)]
+        truth = np.maximum.reduce([plain.y_train[c], plain.y_test[c], plain_val[c]])
+        assert (truth[nodes] >= 0).all()                                   # every node's class
+        for copy in range(3):
+            got = dataset.y_train[3 * c + copy]
+            np.testing.assert_array_equal(got[got >= 0], truth[got >= 0])
+        np.testing.assert_array_equal(dataset.y_test[c], dataset.y_train[3 * c + 2])
+
+
+def test_planetoid_new_and_existing_users_from_the_cli(tmp_path):
+    """FedDecay's PubMed protocol: a held-out Louvain client is a new user, every user scored
+    on its own test nodes after fine-tuning."""
+    import json
+    graph = cliques(sizes=(20, 22, 18, 21), features=5)
+    np.savez(tmp_path / "cora.npz", x=graph.x, y=graph.y,
+             edge_index=np.stack([graph.senders, graph.receivers]))
+    code = main(["--dataset", "planetoid/cora", "--data-dir", str(tmp_path), "--model", "gin",
+                 "--partition", "natural", "--num-clients", "4", "--clients-per-round", "3",
+                 "--new-users", "0.25", "--user-val-fraction", "0.2",
+                 "--user-test-fraction", "0.2", "--batch-size", "0", "--local-steps", "2",
+                 "--rounds", "2", "--eval-every", "2", "--quiet", "--out-dir",
+                 str(tmp_path / "run")])
+    assert code == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    final = [r for r in records if r["kind"] == "eval"][-1]
+    assert 0 <= final["new_test_acc"] <= 1 and 0 <= final["existing_test_acc"] <= 1

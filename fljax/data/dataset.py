@@ -23,3 +23,6 @@ class Dataset(NamedTuple):
     num_classes: int
     user_train: np.ndarray | None = None  # int32, [N]: user of each training example
     user_test: np.ndarray | None = None   # int32, [N_test]: user of each test example
+    # int8 [N]: 0 train, 1 validation, 2 test: each example's part of its user's split where the
+    # data fixes it (a graph user's node-split copies); None: fljax.data.users draws the split
+    role_train: np.ndarray | None = None

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fljax.data.dataset import Dataset
+from fljax.data.users import held_out
 from fljax.errors import FljaxError
 
 PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -210,16 +211,41 @@ def node_splits(labels: np.ndarray, train_per_class: int, num_val: int, seed: in
     return train, val, ~train & ~val
 
 
+def user_node_splits(parts: list[np.ndarray], num_nodes: int, val_fraction: float,
+                     test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each client's own node split (feddecay.txt's per-user train / val / test): of client c's
+    n_c nodes, round(val_fraction n_c) validation and round(test_fraction n_c) test nodes (at
+    least one each when the fraction is > 0) drawn at random, the rest training. Three masks."""
+    rng = np.random.default_rng([seed, 1])
+    masks = np.zeros((3, num_nodes), bool)
+    for part in parts:
+        nodes = rng.permutation(part)
+        n_val, n_test = held_out(len(nodes), val_fraction), held_out(len(nodes), test_fraction)
+        masks[1, nodes[:n_val]] = True
+        masks[2, nodes[n_val:n_val + n_test]] = True
+        masks[0, nodes[n_val + n_test:]] = True
+    return masks[0], masks[1], masks[2]
+
+
 def federated_graph_dataset(graph: Graph, num_clients: int, *, seed: int = 0,
-                            split: tuple[int, int] = SPLITS["pubmed"], delta: int = 20
+                            split: tuple[int, int] = SPLITS["pubmed"], delta: int = 20,
+                            user_split: tuple[float, float] | None = None
                             ) -> tuple[Dataset, np.ndarray]:
     """(Dataset with one example per client, validation labels [C, Vmax]). Example c is client
     c's subgraph (the edges between its nodes), padded to the largest client: x is a dict of
     ``nodes`` [C, Vmax, F], ``senders``/``receivers`` [C, Emax] (local ids), ``edge_mask``
     [C, Emax] and ``node_mask`` [C, Vmax]; y_train / y_test [C, Vmax] hold the labels of the
-    training / test nodes and -1 elsewhere. Users are the clients (partition natural)."""
+    training / test nodes and -1 elsewhere. Users are the clients (partition natural).
+
+    ``user_split`` = (val fraction, test fraction): each client's nodes split on their own
+    (``user_node_splits``) instead of Planetoid's global split, for per-user evaluation and new
+    users (FedDecay's Tables 3-4 on PubMed): the training data hold three copies of each
+    client's subgraph, labelled on its train, val and test nodes (``Dataset.role_train`` 0, 1,
+    2), so each user's split is a split of its examples; the test data are the subgraphs
+    labelled on their test nodes."""
     parts = louvain_split(graph, num_clients, seed, delta)
-    train, val, test = node_splits(graph.y, *split, seed)
+    train, val, test = (node_splits(graph.y, *split, seed) if user_split is None else
+                        user_node_splits(parts, len(graph.y), *user_split, seed))
     v_max = max(len(p) for p in parts)
     local = np.full(len(graph.y), -1)
     for p in parts:
@@ -245,6 +271,11 @@ def federated_graph_dataset(graph: Graph, num_clients: int, *, seed: int = 0,
         for name, mask in (("train", train), ("val", val), ("test", test)):
             labels[name][c, :len(p)] = np.where(mask[p], graph.y[p], -1)
     users = np.arange(num_clients, dtype=np.int32)
-    dataset = Dataset("graph", x, labels["train"], x, labels["test"], graph.num_classes,
-                      users, users)
-    return dataset, labels["val"]
+    if user_split is None:
+        return Dataset("graph", x, labels["train"], x, labels["test"], graph.num_classes,
+                       users, users), labels["val"]
+    copies = {k: np.repeat(v, 3, axis=0) for k, v in x.items()}         # client-major
+    by_role = np.stack([labels["train"], labels["val"], labels["test"]], axis=1)
+    return Dataset("graph", copies, by_role.reshape(3 * num_clients, v_max), x, labels["test"],
+                   graph.num_classes, np.repeat(users, 3), users,
+                   np.tile(np.arange(3, dtype=np.int8), num_clients)), labels["val"]

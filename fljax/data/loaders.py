@@ -241,13 +241,20 @@ def validation_split(num_examples: int, fraction: float, seed: int
     return kept, held
 
 
+def splits_users(name: str) -> bool:
+    """Whether ``load_dataset(name, user_split=...)`` splits each user's data itself (a graph
+    user's nodes); for every other dataset ``fljax.data.users`` splits examples."""
+    return name.startswith("planetoid/")
+
+
 def depends_on_seed(name: str) -> bool:
     """Whether ``load_dataset(name, seed=...)`` gives each seed other data (Planetoid's node
     split); every other dataset is the same for every seed."""
     return name.startswith("planetoid/")
 
 
-def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0) -> Dataset:
+def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0,
+                 user_split: tuple[float, float] | None = None) -> Dataset:
     """A dataset by name; only tfds datasets need ``data_dir``.
 
     - 'digits' -> :func:`load_digits`;
@@ -266,7 +273,9 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
     - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
-      (:func:`fljax.data.graphs.federated_graph_dataset`, seeded by ``seed``);
+      (:func:`fljax.data.graphs.federated_graph_dataset`, seeded by ``seed``; with
+      ``user_split`` = (val, test fractions) each client's nodes split on their own, for
+      per-user evaluation);
     - a path ending in .npz -> :func:`load_npz`, or :func:`fljax.data.leaf.load_user_npz` when it
       holds each example's user (``client_id_train``, ``client_id_test``);
     - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel and
@@ -308,7 +317,7 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
                              f"planetoid/cora or planetoid/citeseer")
         graph = load_planetoid(name[10:], str(data_dir))
         dataset, _ = federated_graph_dataset(graph, num_clients, seed=seed,
-                                             split=SPLITS[name[10:]])
+                                             split=SPLITS[name[10:]], user_split=user_split)
         return dataset._replace(name=name)
     if name == "tiny_imagenet":
         return normalize_channels(load_tiny_imagenet(data_dir), *CHANNEL_STATS[name])

@@ -36,10 +36,12 @@ def held_out(n: int, fraction: float) -> int:
 
 
 def split_users(parts: Sequence[np.ndarray], *, new_fraction: float, val_fraction: float,
-                test_fraction: float, seed: int) -> Users:
+                test_fraction: float, seed: int, roles: np.ndarray | None = None) -> Users:
     """Hold out ``round(new_fraction * C)`` of the C users (at least one if the fraction is > 0)
     and split each user's examples into train / val / test with ``round(fraction * n_u)`` examples
-    in val and in test (at least one each when its fraction is > 0); seeded, reproducible."""
+    in val and in test (at least one each when its fraction is > 0); seeded, reproducible.
+    ``roles`` (0 train, 1 val, 2 test per example id, ``Dataset.role_train``): the split the data
+    fixes, used instead of drawing one."""
     new_fraction = _check_fraction("new_users", new_fraction, top=1.0)
     val_fraction = _check_fraction("user_val_fraction", val_fraction, top=1.0)
     test_fraction = _check_fraction("user_test_fraction", test_fraction, top=1.0)
@@ -55,6 +57,11 @@ def split_users(parts: Sequence[np.ndarray], *, new_fraction: float, val_fractio
     new = np.sort(rng.permutation(num_users)[:num_new])
     existing = np.setdiff1d(np.arange(num_users), new)
     train, val, test = [], [], []
+    if roles is not None:
+        for ids in map(np.asarray, parts):
+            for split, role in ((train, 0), (val, 1), (test, 2)):
+                split.append(np.sort(ids[roles[ids] == role]))
+        return Users(existing, new, train, val, test)
     for user, ids in enumerate(parts):
         ids = rng.permutation(np.asarray(ids))
         n_val, n_test = held_out(len(ids), val_fraction), held_out(len(ids), test_fraction)
