@@ -1,6 +1,6 @@
 """Per-round wall time, FLOPs and bytes of every algorithm relative to FedAvg, on round_speed's (a).
 
-    python benchmarks/algorithm_cost.py [--quick] [--out BENCHMARKS.md]
+    python benchmarks/algorithm_cost.py [--quick] [--no-timing] [--out BENCHMARKS.md]
 
 Setup (a) of round_speed.py: make_model('small_cnn', (28, 28, 1), 10), 10 clients x 1600 synthetic
 examples, all 10 per round, 50 local steps at batch 32, local SGD lr 0.05, the backend's default
@@ -92,6 +92,21 @@ def candidate(name: str, setup, data) -> tuple[callable, Cost]:
     return runner(round_fn, state), cost
 
 
+def counted(names, costs: list[Cost]) -> str:
+    """The table of what is counted, not timed: FLOPs (with elementwise work to 3 decimals, where
+    FedDyn's and SCAFFOLD's vector terms show), bytes and state."""
+    ref = costs[names.index("fedavg")]
+    lines = [f"Date: {datetime.date.today().isoformat()}. Counted from the compiled programs "
+             "(deterministic: no timing).", "",
+             "| algorithm | FLOPs / FedAvg | with elementwise / FedAvg | bytes / FedAvg | state per "
+             "client (models) | server state (models) |", "|---|---|---|---|---|---|"]
+    for name, c in zip(names, costs):
+        lines.append(f"| {name} | {c.flops / ref.flops:.3f}x | {c.all_flops / ref.all_flops:.3f}x "
+                     f"| {c.sent / ref.sent:.2f}x | {c.client_models:.2f} | "
+                     f"{c.server_models:.2f} |")
+    return "\n".join(lines)
+
+
 def report(names, timings, rounds: int, costs: list[Cost]) -> str:
     base = timings[names.index("fedavg")].seconds
     ref = costs[names.index("fedavg")]
@@ -121,7 +136,8 @@ def report(names, timings, rounds: int, costs: list[Cost]) -> str:
 
 
 def main() -> None:
-    args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "algorithm")
+    args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "algorithm",
+                                               untimed=True)
     # FedSGD and large-batch SGD take one full-batch step: not the same local work.
     names = [n for n in ALGORITHMS if n not in FULL_BATCH] + list(EXTRA_ROWS)
     runs, costs = [], []
@@ -130,10 +146,18 @@ def main() -> None:
         run, cost = candidate(name, setup, data)
         runs.append(run)
         costs.append(cost)
+    backend = "GPU" if jax.default_backend() == "gpu" else "CPU"
+    if args.no_timing:
+        body = counted(names, costs)
+        print("\n" + body)
+        setup_text = __doc__.split("\n\n", 2)[2].split(" All rows are timed")[0]
+        write_section(args.out, "Algorithm cost, counted (`benchmarks/algorithm_cost.py "
+                      "--no-timing`)", setup_text.strip() + "\n\n" + body)
+        print(f"\nwritten to {args.out}")
+        return
     timings = round_robin(runs, [rounds] * len(runs))
     body = report(names, timings, rounds, costs)
     print("\n" + body)
-    backend = "GPU" if jax.default_backend() == "gpu" else "CPU"
     write_section(args.out, f"Algorithm cost, {backend} (`benchmarks/algorithm_cost.py`)",
                   __doc__.split("\n\n", 2)[2].strip() + "\n\n" + body)
     print(f"\nwritten to {args.out}")

@@ -122,12 +122,17 @@ def federated(setup: Setup, x: np.ndarray, y: np.ndarray) -> fljax.FederatedData
     return fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
 
 
-def cost_benchmark(description: str, unit: str) -> tuple[argparse.Namespace, int, Setup,
-                                                      fljax.FederatedData]:
+def cost_benchmark(description: str, unit: str, untimed: bool = False
+                   ) -> tuple[argparse.Namespace, int, Setup, fljax.FederatedData]:
     """The cost benchmarks' shared start: their command line (--quick: one timed round per
-    ``unit``; --out), the rounds to time, and the first setup with its federated data."""
+    ``unit``; --out; with ``untimed``, --no-timing: the counted costs only), the rounds to time,
+    and the first setup with its federated data."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help=f"one timed round per {unit}")
+    if untimed:
+        parser.add_argument("--no-timing", action="store_true",
+                            help="only what is counted, not timed (FLOPs, bytes, state): needs "
+                                 "no quiet machine")
     parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
     args = parser.parse_args()
     setup = SETUPS[0]
