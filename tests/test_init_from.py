@@ -9,8 +9,8 @@ from fljax import FljaxError
 from fljax.checkpoint import Checkpoints, saved_params
 from fljax.cli import main
 from fljax.config import ExperimentConfig
-from fljax.experiment import build
-from fljax.train import run
+from fljax.experiment import batch_memory, build, build_batch
+from fljax.train import run, run_many
 
 BASE = dict(rounds=2, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,
             local_epochs=1)
@@ -37,6 +37,21 @@ def test_a_run_starts_from_the_other_runs_newest_params(source, tmp_path):
     assert not np.array_equal(jax.tree.leaves(own)[0], jax.tree.leaves(trained)[0])
     evaluations = run(other.replace(rounds=1, eval_every=1), progress=False)
     assert 0.0 <= evaluations[-1]["accuracy"] <= 1.0
+
+
+def test_a_batch_of_runs_starts_from_the_saved_params(source, tmp_path):
+    """Seeds of an --init-from cell in one program (a sweep's batch, whose memory estimate traces
+    the initial state): every run starts from the saved model and trains."""
+    config, trained = source
+    configs = [config.replace(init_from=config.out_dir, seed=s, rounds=1, eval_every=1,
+                              out_dir=str(tmp_path / f"s{s}")) for s in (5, 6)]
+    batch = build_batch(configs)
+    assert batch_memory(batch.experiments[0], 2, 1)[0] > 0
+    start = jax.device_get(batch.initial_state().params)
+    for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(trained), strict=True):
+        np.testing.assert_array_equal(a, np.stack([b, b]))
+    results = run_many(configs, progress=False, say=lambda text: None)
+    assert all(0.0 <= r[-1]["accuracy"] <= 1.0 for r in results)
 
 
 def test_init_reset_layers_keep_their_own_initialization(source, tmp_path):
