@@ -9,8 +9,10 @@ default hyperparameters); MOON's model carries its projection head and FedEM's i
 as in the CLI. All rows are timed round-robin in one run (``timing.round_robin``) and reported as
 a ratio to FedAvg, with the FLOPs of the compiled round (``RoundFunction.flops``, loop bodies times
 their trip counts: matmuls and convolutions, then with elementwise work too, where FedDyn's and
-SCAFFOLD's vector terms show) and the bytes a round sends (``Algorithm.payload`` x the model's bytes
-x the cohort), each as a ratio to FedAvg's (feddecay.txt Figure 1's two costs), and the state the
+SCAFFOLD's vector terms show), the bytes a round sends (``Algorithm.payload`` x the model's bytes
+x the cohort) and the bits its clients send (a compressed uplink's exact encoding,
+``fljax.algorithms.compress``), each as a ratio to FedAvg's (feddecay.txt Figure 1's two costs),
+and the state the
 method keeps, in model copies: per client (SCAFFOLD's c_i, FedDyn's grad L_k, Ditto's personal
 model; FedInit Table 8's storage column) and on the server.
 """
@@ -25,7 +27,7 @@ import jax
 import fljax
 from fljax.config import ALGORITHMS, FULL_BATCH, ExperimentConfig
 from fljax.experiment import build_algorithm
-from fljax.accounting import param_bytes, round_bytes
+from fljax.accounting import client_bits, param_bytes
 from fljax.models.heads import with_projection_head
 from fljax.models.mixture import mixture
 from round_speed import LEARNING_RATE, cost_benchmark, runner
@@ -57,6 +59,14 @@ EXTRA_ROWS = {
     "fedavg+fedbug(P=0.5)": dict(wrappers={"gradual_unfreezing": {"fraction": 0.5}}),
     "fedavg+RI(beta=0.1)": dict(wrappers={"relaxed_init": {"beta": 0.1}}),
     "scaffold+RI(beta=0.1)": dict(algorithm="scaffold", wrappers={"relaxed_init": {"beta": 0.1}}),
+    **{f"fedavg+{label}": dict(wrappers={"compress": args}) for label, args in {
+        "top_k(0.01)+EF": {"compressor": "top_k", "ratio": 0.01, "error_feedback": True},
+        "random_k(0.1)+EF": {"compressor": "random_k", "ratio": 0.1, "error_feedback": True},
+        "qsgd(4, bucket 512)": {"compressor": "qsgd", "levels": 4, "bucket_size": 512},
+        "scaled_sign+EF": {"compressor": "scaled_sign", "error_feedback": True},
+        "rotated_uniform(2 bits)": {"compressor": "rotated_uniform", "bits": 2}}.items()},
+    "scaffold+top_k(0.01)+EF": dict(algorithm="scaffold", wrappers={"compress": {
+        "compressor": "top_k", "ratio": 0.01, "error_feedback": True}}),
 }
 REQUIRED_ARGS = {"feddecay": {"beta": 0.9}}
 
@@ -65,6 +75,7 @@ class Cost(NamedTuple):
     flops: float            # matmuls and convolutions of one compiled round
     all_flops: float        # ... and elementwise work
     sent: int               # bytes one round sends both ways
+    up_bits: int            # bits one round's clients send (compressed: the exact encoding)
     client_models: float    # state per client, in model copies
     server_models: float    # server state, in model copies
 
@@ -85,8 +96,9 @@ def candidate(name: str, setup, data) -> tuple[callable, Cost]:
                                 batch_size=setup.batch, local_steps=setup.local_steps)
     state = fljax.init_state(algorithm, model.init(jax.random.key(0)), data.num_clients, seed=0)
     model_bytes = param_bytes(state.params)
+    down, up = client_bits(algorithm, 0, state.params)
     cost = Cost(round_fn.flops(state), round_fn.flops(state, elementwise=True),
-                sum(round_bytes(algorithm.payload(0), setup.cohort, model_bytes)),
+                setup.cohort * (down + up) / 8, setup.cohort * up,
                 param_bytes(state.client_states) / data.num_clients / model_bytes,
                 param_bytes(state.server_state) / model_bytes)
     return runner(round_fn, state), cost
@@ -98,12 +110,13 @@ def counted(names, costs: list[Cost]) -> str:
     ref = costs[names.index("fedavg")]
     lines = [f"Date: {datetime.date.today().isoformat()}. Counted from the compiled programs "
              "(deterministic: no timing).", "",
-             "| algorithm | FLOPs / FedAvg | with elementwise / FedAvg | bytes / FedAvg | state per "
-             "client (models) | server state (models) |", "|---|---|---|---|---|---|"]
+             "| algorithm | FLOPs / FedAvg | with elementwise / FedAvg | bytes / FedAvg | uplink "
+             "bits / FedAvg | state per client (models) | server state (models) |",
+             "|---|---|---|---|---|---|---|"]
     for name, c in zip(names, costs):
         lines.append(f"| {name} | {c.flops / ref.flops:.3f}x | {c.all_flops / ref.all_flops:.3f}x "
-                     f"| {c.sent / ref.sent:.2f}x | {c.client_models:.2f} | "
-                     f"{c.server_models:.2f} |")
+                     f"| {c.sent / ref.sent:.2f}x | {c.up_bits / ref.up_bits:.4f}x | "
+                     f"{c.client_models:.2f} | {c.server_models:.2f} |")
     return "\n".join(lines)
 
 
@@ -113,8 +126,9 @@ def report(names, timings, rounds: int, costs: list[Cost]) -> str:
     lines = [f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. Median of {rounds} "
              "timed rounds per row after one warm-up round, rows timed round-robin in one run.",
              "", "| algorithm | s/round | ratio to FedAvg | within 1.2x | FLOPs / FedAvg | "
-             "with elementwise / FedAvg | bytes / FedAvg | state per client (models) | server "
-             "state (models) | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "with elementwise / FedAvg | bytes / FedAvg | uplink bits / FedAvg | state per client "
+             "(models) | server state (models) | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t, c in zip(names, timings, costs):
         ratio = t.seconds / base
         ok = "yes" if ratio <= TARGET else ("no (inherent)" if name in INHERENT else "**no**")
@@ -127,8 +141,8 @@ def report(names, timings, rounds: int, costs: list[Cost]) -> str:
             note += f" ({t.disturbed} disturbed rounds dropped)"
         lines.append(f"| {name} | {t.seconds:.3f} | {ratio:.2f}x | {ok} | "
                      f"{c.flops / ref.flops:.2f}x | {c.all_flops / ref.all_flops:.2f}x | "
-                     f"{c.sent / ref.sent:.2f}x | {c.client_models:.2f} | {c.server_models:.2f} | "
-                     f"{note} |")
+                     f"{c.sent / ref.sent:.2f}x | {c.up_bits / ref.up_bits:.4f}x | "
+                     f"{c.client_models:.2f} | {c.server_models:.2f} | {note} |")
     if not any(t.disturbed for t in timings):
         lines += ["", f"No timed round was disturbed (other processes took <= {DISTURBED} of a "
                   "core during every timed round)."]

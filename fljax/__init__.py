@@ -18,9 +18,9 @@ __version__ = "0.1.0"
 
 ALGORITHM_NAMES = ["ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm", "feddecay",
                    "feddecorr", "feddyn", "fedem", "fedexp", "fedga", "fedinit", "fednova",
-                   "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fomaml", "gradalign",
-                   "lbsgd", "moon", "pfedme", "reptile", "scaffold"]
-WRAPPER_NAMES = ["dp", "fedbn", "gradual_unfreezing", "local_decay", "local_layers",
+                   "fedntd", "fedpaq", "fedprox", "fedsam", "fedsgd", "fedyogi", "fomaml",
+                   "gradalign", "lbsgd", "moon", "pfedme", "reptile", "scaffold"]
+WRAPPER_NAMES = ["compress", "dp", "fedbn", "gradual_unfreezing", "local_decay", "local_layers",
                  "relaxed_init", "switch"]
 
 # Where each public name lives. They are imported on first use (PEP 562), so ``import fljax`` and

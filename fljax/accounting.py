@@ -41,9 +41,20 @@ def param_bytes(params) -> int:
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
 
 
-def round_bytes(payload: tuple[int, int], cohort_size: int, model_bytes: int) -> tuple[int, int]:
-    """(bytes down, bytes up) of a round with ``payload`` = (down, up) model copies per client."""
-    return payload[0] * cohort_size * model_bytes, payload[1] * cohort_size * model_bytes
+def param_bits(params) -> int:
+    """Bits of a parameter tree (arrays or shapes)."""
+    return sum(leaf.size * jax.numpy.dtype(leaf.dtype).itemsize * 8
+               for leaf in jax.tree.leaves(params))
+
+
+def client_bits(algorithm, round_index: int, params) -> tuple[int, int]:
+    """(bits down, bits up) per participating client of round t: the algorithm's exact
+    ``message_bits`` if it has them (a compressed uplink), else its ``payload`` copies of the
+    model ``params``."""
+    if algorithm.message_bits is not None:
+        return algorithm.message_bits(round_index, params)
+    down, up = algorithm.payload(round_index)
+    return down * param_bits(params), up * param_bits(params)
 
 
 def _instruction(line: str) -> tuple[str, str, str, str] | None:

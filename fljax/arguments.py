@@ -28,8 +28,9 @@ UNIT = inspect.Parameter("unit", inspect.Parameter.KEYWORD_ONLY, default="M", an
 # Leading arguments the experiment supplies, where more than one: FedBN's parameter shapes.
 LEADING = {"fedbn": 2}
 # The JSON values a type named in an annotation admits.
-JSON_TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,),
-              "None": (type(None),), "NoneType": (type(None),)}
+# StaticFloat: a number that sets a shape (top-k's share of coordinates): structure, not traced.
+JSON_TYPES = {"float": (int, float), "StaticFloat": (int, float), "int": (int,), "bool": (bool,),
+              "str": (str,), "None": (type(None),), "NoneType": (type(None),)}
 
 
 def settable(name: str, factory: Callable) -> list[inspect.Parameter]:

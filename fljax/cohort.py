@@ -46,6 +46,17 @@ def client_keys(client_key: jax.Array, client_id: jax.Array) -> jax.Array:
     return jax.random.split(jax.random.fold_in(client_key, client_id), 3)
 
 
+MESSAGE_STREAM = 0x3E55   # fold_in data of the message keys, beside client_keys' split
+
+
+def message_keys(client_key: jax.Array, client_id: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the client's own message key, the round's shared key) from round t's client key: for
+    randomness in what a client sends (``ClientContext.message_key``, ``.shared_key``),
+    independent of its start, batch and step keys."""
+    shared = jax.random.fold_in(client_key, MESSAGE_STREAM)
+    return jax.random.fold_in(shared, client_id), shared
+
+
 def stream_keys(batch_key: jax.Array, step_key: jax.Array, stream: int):
     """(batch, step) keys of a client's extra local loop number ``stream`` >= 1 in a round
     (``ClientContext.train``): independent of the round's own draw (stream 0, the keys

@@ -26,11 +26,12 @@ PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
               "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr",
               "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile", "ditto",
-              "pfedme", "fedem")
+              "pfedme", "fedem", "fedpaq")
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI),
-# FedBN, user-level DP (outermost: it privatizes what the others send).
-WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "dp")
+# FedBN, uplink compression, user-level DP (outermost: it privatizes what the others send, and
+# clips what compress encodes).
+WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "compress", "dp")
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.
 GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "evaluation",

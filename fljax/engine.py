@@ -27,8 +27,8 @@ from fljax.algorithms.base import Algorithm, Params
 from fljax.clients import (LocalWork, client_context, full_gradient, joined_only, local_training,
                            map_sum, model_loss)
 from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client_keys,
-                          cohort_weights, draw_cohort, round_key, sample_cohort, server_key,
-                          stream_keys)
+                          cohort_weights, draw_cohort, message_keys, round_key, sample_cohort,
+                          server_key, stream_keys)
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.models.model import Model
@@ -576,9 +576,11 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
     model's loss (``model_loss``)."""
 
     def client_first_exchange(client_id, data_row, client_state, weight, joined, params,
-                              server_state, round_index, cohort_size, data: FederatedData):
+                              server_state, round_index, cohort_size, key, data: FederatedData):
         ctx = client_context(work, loss_fn, data, data_row, client_id, client_state, weight,
                              params, server_state, round_index, cohort_size)
+        ctx = ctx._replace(**dict(zip(("message_key", "shared_key"),
+                                      message_keys(key, client_id))))
         message = algorithm.cohort_start(ctx)
         return message, message, ()     # kept per client (own_message) and summed
 
@@ -590,6 +592,8 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
                              own_message)
         num_steps = ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
+        ctx = ctx._replace(**dict(zip(("message_key", "shared_key"),
+                                      message_keys(key, client_id))))
 
         def train(loss, tx, start, stream=0):   # stream 0: the round's own batches
             keys = (batch_key, step_key) if stream == 0 else stream_keys(
@@ -619,7 +623,8 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
         cohort_message = own_messages = ()
         if algorithm.cohort_start is not None:
             inputs = (ids, data_rows, rows[0], weights, joined)
-            first, idle = joined_only(functools.partial(client_first_exchange, **shared), inputs,
+            first, idle = joined_only(functools.partial(client_first_exchange, key=key,
+                                                        **shared), inputs,
                                       None, bernoulli)
             own_messages, cohort_message, _ = map_sum(first, inputs, client_chunk, idle)
             if sharded:

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from fljax.accounting import param_bytes, round_bytes
+from fljax.accounting import client_bits
 from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError, writing
@@ -152,7 +152,7 @@ class RunRecord:
         logged = read_log(self.log.path)
         self.time_s = max([r["time_s"] for r in logged] or [0.0])
         self.cost = Accounting(self.experiment, config, logged, self._flops,
-                               param_bytes(initial.params))
+                               jax.eval_shape(lambda: initial.params))
         return saved_round or 0, (initial if saved_state is None else saved_state)
 
     def exchanged(self, rounds: int) -> int:
@@ -461,34 +461,39 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
 
 
 class Accounting:
-    """Bytes and FLOPs per round (``fljax.accounting``) and their running totals, which a resumed
-    run takes up from the log's round records. ``flops(state)``: one round's FLOPs (asked once);
-    ``model_bytes``: the bytes of the run's model."""
+    """Bits, bytes and FLOPs per round (``fljax.accounting``) and their running totals, which a
+    resumed run takes up from the log's round records. ``flops(state)``: one round's FLOPs (asked
+    once); ``params``: the run's model (shapes suffice)."""
 
     def __init__(self, experiment: Experiment, config: ExperimentConfig, logged: list[dict],
-                 flops: Callable[[Any], float], model_bytes: int):
+                 flops: Callable[[Any], float], params):
         self._algorithm = experiment.algorithm
         self._flops_of, self._flops = flops, None
-        self._model_bytes = model_bytes
+        self._params = params
         self._slots = config.num_clients if config.participation == "bernoulli" else None
         rounds = [r for r in logged if r.get("kind") == "round"]
-        self._bytes = sum(r.get("bytes_down", 0) + r.get("bytes_up", 0) for r in rounds)
+        self._down = sum(r.get("bits_down", 8 * r.get("bytes_down", 0)) for r in rounds)
+        self._up = sum(r.get("bits_up", 8 * r.get("bytes_up", 0)) for r in rounds)
         self._total_flops = sum(r.get("flops", 0.0) for r in rounds)
 
     def round(self, round_index: int, cohort_size: int, state) -> dict[str, float]:
         """The accounting of round ``round_index`` (1-based) with ``cohort_size`` clients."""
         if self._flops is None:
             self._flops = self._flops_of(state)
-        down, up = round_bytes(self._algorithm.payload(round_index - 1), cohort_size,
-                               self._model_bytes)
+        down, up = (cohort_size * bits for bits in client_bits(
+            self._algorithm, round_index - 1, self._params))
         flops = self._flops * (cohort_size / self._slots if self._slots else 1.0)
-        self._bytes += down + up
+        self._down += down
+        self._up += up
         self._total_flops += flops
-        return {"bytes_down": down, "bytes_up": up, "flops": flops}
+        return {"bits_down": down, "bits_up": up, "bytes_down": down / 8, "bytes_up": up / 8,
+                "flops": flops}
 
     def totals(self) -> dict[str, float]:
-        """Bytes (both ways) and FLOPs of every round so far: 'bytes', 'total_flops'."""
-        return {"bytes": self._bytes, "total_flops": self._total_flops}
+        """Every round so far: bits each way ('downlink_bits', 'uplink_bits'), bytes both ways
+        ('bytes') and FLOPs ('total_flops')."""
+        return {"downlink_bits": self._down, "uplink_bits": self._up,
+                "bytes": (self._down + self._up) / 8, "total_flops": self._total_flops}
 
 
 def results_table(evaluations: list[dict[str, Any]], title: str,

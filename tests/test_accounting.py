@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fljax
-from fljax.accounting import hlo_flops, param_bytes, round_bytes
+from fljax.accounting import client_bits, hlo_flops, param_bytes
 from fljax.checkpoint import Checkpoints
 from fljax.engine import RoundState
 from fljax.train import results_table, run
@@ -123,7 +123,8 @@ def test_bytes_follow_each_algorithm_payload(digits, tmp_path):
     ds, _ = digits
     model = fljax.make_model("mlp", ds.x_train.shape[1:], ds.num_classes)
     model_bytes = param_bytes(model.init(jax.random.PRNGKey(0)))
-    assert round_bytes((2, 1), 3, 100) == (600, 300)
+    assert client_bits(fljax.fedcm(fljax.local_sgd(0.1)), 0, {"w": jax.numpy.zeros(25)}) == (
+        2 * 25 * 32, 25 * 32)
     per_round = {}
     for name in ("fedavg", "scaffold", "fedga"):
         config = fljax.ExperimentConfig(algorithm=name, rounds=3, eval_every=3, num_clients=10,

@@ -13,6 +13,7 @@ from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, Lo
                                    as_client_optimizer,
                                    identity_loss, identity_start, local_sgd, no_client_state,
                                    tree_scale, tree_sub)
+from fljax.algorithms.compress import compress
 from fljax.algorithms.ditto import ditto
 from fljax.algorithms.dp import dp
 from fljax.algorithms.fedavg import fedavg, fedsgd
@@ -26,6 +27,7 @@ from fljax.algorithms.fedexp import fedexp
 from fljax.algorithms.fedga import fedga, gradalign, lbsgd
 from fljax.algorithms.fedinit import fedinit, relaxed_init
 from fljax.algorithms.fednova import fednova
+from fljax.algorithms.fedpaq import fedpaq
 from fljax.algorithms.local_layers import fedbn, local_layers
 from fljax.algorithms.fedntd import fedntd
 from fljax.algorithms.fedprox import fedprox
@@ -39,9 +41,9 @@ from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, f
 from fljax.algorithms.switch import switch
 
 __all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
-           "ditto", "dp", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
+           "compress", "ditto", "dp", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
            "fedavgm", "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedem", "fedexp",
-           "fedga", "fedinit", "fednova",
+           "fedga", "fedinit", "fednova", "fedpaq",
            "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",
            "gradalign", "gradual_unfreezing", "identity_loss", "identity_start", "lbsgd",
            "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "pfedme",

@@ -68,6 +68,10 @@ class ClientContext(NamedTuple):
     #   ``tx`` from ``start`` on ``loss`` (default: the model's loss): the round's local loop run
     #   again, on batches of an independent draw numbered ``stream`` >= 1 (Ditto's personal
     #   model); set by the engine
+    message_key: jax.Array | None = None  # this client's key for randomness in its message
+                                          #   (a compressor's rounding), set by the engine
+    shared_key: jax.Array | None = None   # the round's key shared by every client (public
+                                          #   randomness: a compressor's rotation)
 
 
 class Algorithm(NamedTuple):
@@ -93,7 +97,8 @@ class Algorithm(NamedTuple):
     ``cohort_start`` (a first exchange, FedGA), ``eval_models`` (what evaluation scores),
     ``exchanges`` and ``payload`` (communication accounting), ``client_vectors`` (per-client
     vectors for probes), ``observe`` (a look at the whole round after the server update),
-    ``perturb`` (randomness the server adds to the summed message before ``server_update``).
+    ``perturb`` (randomness the server adds to the summed message before ``server_update``),
+    ``message_bits`` (the exact bits of an encoded message, when not ``payload``'s copies).
     ``personal_model(params, server_state, client_state) -> params``: a client's own model, for
     algorithms with personal models (Ditto, pFedMe, FedEM's mixture weights, FedBN's local
     layers); the personalized evaluation scores each user with it (None: the global model),
@@ -147,6 +152,10 @@ class Algorithm(NamedTuple):
     # perturb(summed message, server state, key) -> the message server_update receives: the
     #   server's own randomness on the cohort's sum (DP's Gaussian noise), from the round's
     #   server key (``fljax.cohort.server_key``)
+    message_bits: Callable[[int, Params], tuple[int, int]] | None = None
+    # message_bits(t, params) -> (bits down, bits up) a participating client receives and sends
+    #   in round t, for a model shaped like ``params`` (shapes suffice): a compressed uplink's
+    #   exact encoding (``fljax.algorithms.compress``); None: ``payload``'s model copies
 
 
 class LocalSGD(NamedTuple):
