@@ -228,7 +228,6 @@ def step_runs(scale: Scale) -> str:
     """R runs of the README's main job (FedAvg, digits MLP, Dirichlet(0.3) over 20 clients, 10
     per round, 2 local epochs at B16), each with its own seed, split and lr, in ONE program
     (``make_round(..., runs=R)``, the runs side by side): run-rounds per second against R."""
-    import numpy as np
 
     import fljax
     from fljax.data import dirichlet, federate, load_digits, with_parts

@@ -14,7 +14,7 @@ import json
 import math
 import types
 import typing
-from typing import Any, Callable
+from typing import Callable
 
 from fljax.errors import FljaxError
 

@@ -48,7 +48,7 @@ forward them still has its in-loss terms of frozen leaves in its clip norm.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -19,7 +19,6 @@ import random
 import re
 import zipfile
 
-import jax
 import numpy as np
 
 from fljax.data.dataset import Dataset

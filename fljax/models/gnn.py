@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from fljax.models.layers import BatchNorm, dense
 
