@@ -67,6 +67,13 @@ def full_gradient(loss_fn: Callable, data: FederatedData, count: jax.Array, offs
     return total
 
 
+def client_steps(work: LocalWork, counts: jax.Array) -> jax.Array:
+    """Local steps of clients with ``counts`` examples: K, or E * ceil(n_i / B)."""
+    if work.local_steps is not None:
+        return jnp.full(jnp.shape(counts), work.local_steps, jnp.int32)
+    return (work.local_epochs * steps_per_epoch(counts, work.batch)).astype(jnp.int32)
+
+
 def client_context(work: LocalWork, loss_fn: Callable, data: FederatedData, data_row, client_id,
                    client_state, weight, params, server_state, round_index, cohort_size,
                    cohort_message=(), own_message=()) -> ClientContext:
@@ -75,8 +82,7 @@ def client_context(work: LocalWork, loss_fn: Callable, data: FederatedData, data
     count = data.count[data_row]
     offset = data.offset[data_row]
     per_epoch = steps_per_epoch(count, work.batch)
-    num_steps = work.local_steps if work.local_steps is not None else \
-        work.local_epochs * per_epoch
+    num_steps = client_steps(work, count)
 
     def gradient_at(at_params):
         return full_gradient(loss_fn, data, count, offset, at_params, work.batch, work.max_count)

@@ -14,6 +14,8 @@ import optax
 
 from fljax import algorithms
 from fljax.arguments import check_kwargs, settable
+from fljax.asynchronous import Asynchrony, check_asynchrony
+from fljax.clock import Clock, make_clock
 from fljax.data.augment import AUGMENTATIONS
 from fljax.engine import PARTICIPATIONS
 from fljax.data.users import held_out
@@ -21,6 +23,7 @@ from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 from fljax.privacy import ACCOUNTANTS, accountant, calibrate, default_delta, epsilon
 from fljax.probes import PROBES
+from fljax.stragglers import Deadline, check_deadline
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
@@ -34,9 +37,11 @@ FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "compress", "dp")
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.
-GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "evaluation",
+GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "time",
+          "evaluation",
           "output", "run")
 RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
+JSON_FIELDS = ("wrappers", "switch_when", "probe_args", "clock", "deadline", "asynchrony")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
@@ -154,6 +159,17 @@ class ExperimentConfig:
                                     "(epsilon, delta) spent; default N^-1.1 for N training users")
     accountant: str = option("rdp", "privacy", f"with the dp wrapper: dp_accounting's accountant, "
                              f"{' or '.join(ACCOUNTANTS)} (pld: Bernoulli participation only)")
+    clock: str = option("{}", "time", "simulated client durations (fljax.clock), a JSON object: "
+                        "'{\"sigma\": 1.0, \"jitter\": 0.2}' (log-normal step times) or "
+                        "'{\"trace\": \"FILE\"}' (a JSON list of step times, one per client); "
+                        "{}: no clock")
+    deadline: str = option("{}", "time", "with --clock, a synchronous round's deadline "
+                           "(fljax.stragglers), a JSON object: seconds, stragglers (drop or "
+                           "partial), dropout, over_selection")
+    asynchrony: str = option("{}", "time", "with --clock, asynchronous training "
+                             "(fljax.asynchronous), a JSON object: rule (fedbuff or fedasync), "
+                             "in_flight, buffer, staleness (constant, polynomial, hinge), a, b, "
+                             "alpha; a round is then one server step")
     new_users: float = option(0.0, "evaluation", "personalized evaluation: share of the clients "
                               "held out of training (new users)")
     user_val_fraction: float = option(0.0, "evaluation", "share of each user's examples kept for "
@@ -400,7 +416,7 @@ def _coerce(name: str, annotation: str, value: Any) -> Any:
         return value
     if name == "probes" and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return ",".join(value)
-    if (name.endswith("_args") or name == "wrappers") and isinstance(value, dict):  # JSON object
+    if (name.endswith("_args") or name in JSON_FIELDS) and isinstance(value, dict):  # JSON object
         return json.dumps(value)
     raise FljaxError(f"{name} must be of type {annotation}, got {value!r}")
 
@@ -425,6 +441,9 @@ class Options(NamedTuple):
     server_optimizer_args: dict[str, Any]
     probes: tuple[str, ...]
     probe_args: dict[str, dict[str, Any]]
+    clock: Clock | None = None
+    deadline: Deadline | None = None
+    asynchrony: Asynchrony | None = None
 
 
 # Probe arguments the experiment supplies (a value here stands for the experiment's own), and
@@ -488,7 +507,47 @@ def parse_options(config: ExperimentConfig) -> Options:
     for name in probes:
         probe_arguments(name, PROBES[name], probe_args.setdefault(name, {}), "probe")
     return Options(algorithm_args, switch_args, switch_when, wrappers, factory, server_args,
-                   probes, probe_args)
+                   probes, probe_args, *timing(config))
+
+
+def timing(config: ExperimentConfig) -> tuple[Clock | None, Deadline | None, Asynchrony | None]:
+    """The --clock, --deadline and --asynchrony objects as checked values (None when {})."""
+    def given(name: str, factory: Callable, renamed: dict | None = None):
+        args = json_object(name, getattr(config, name))
+        if not args:
+            return None
+        parameters = [p for p in inspect.signature(factory).parameters.values()
+                      if p.name not in (renamed or {}).values()]
+        parameters += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                         annotation="str") for k in (renamed or {})]
+        check_kwargs(name, parameters, args)
+        return args
+
+    clock = given("clock", make_clock, {"trace": "step_times"})
+    if clock is not None:
+        trace = clock.pop("trace", None)
+        clock = make_clock(**clock, step_times=None if trace is None else read_trace(trace))
+    deadline = given("deadline", Deadline)
+    asynchrony = given("asynchrony", Asynchrony)
+    if (deadline or asynchrony) and clock is None:
+        raise FljaxError("deadline and asynchrony need --clock (the clients' durations)")
+    return (clock, None if deadline is None else check_deadline(Deadline(**deadline)),
+            None if asynchrony is None else check_asynchrony(Asynchrony(**asynchrony),
+                                                             config.users()))
+
+
+def read_trace(path: str) -> list[float]:
+    """A trace of per-client step times: a JSON list of numbers."""
+    try:
+        with open(os.path.expanduser(path)) as f:
+            times = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise FljaxError(f"clock trace {path!r} cannot be read as a JSON list of step times "
+                         f"({e})") from None
+    if not isinstance(times, list) or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
+        raise FljaxError(f"clock trace {path!r} must hold a JSON list of numbers")
+    return times
 
 
 def private(config: ExperimentConfig, args: dict) -> dict:

@@ -24,13 +24,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fljax.accounting import hlo_flops
 from fljax.algorithms.base import Algorithm, Params
-from fljax.clients import (LocalWork, client_context, full_gradient, joined_only, local_training,
-                           map_sum, model_loss)
+from fljax.asynchronous import Asynchrony, async_round, check_algorithm, check_asynchrony
+from fljax.asynchronous import initial_flight
+from fljax.clients import (LocalWork, client_context, client_steps, full_gradient, joined_only,
+                           local_training, map_sum, model_loss)
+from fljax.clock import Clock
 from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client_keys,
                           cohort_weights, draw_cohort, message_keys, round_key, sample_cohort,
                           server_key, stream_keys)
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
+from fljax.stragglers import Deadline, check_deadline, sampled, settle
 from fljax.models.model import Model
 from fljax.placement import (AXIS, RUNS, check_shardable, client_mesh, data_specs,
                              device_index, global_layout, put, shard_data, state_specs)
@@ -51,6 +55,8 @@ class RoundState(NamedTuple):
     probes: Any = {}      # {probe name: (server state, per-client states stacked over N)}
     hparams: Any = {}     # {name: scalar}: the traced hyperparameters the round builds its
                           #   algorithm from ({} for an algorithm of Python numbers)
+    clock: Any = ()       # simulated time: () without a clock; the time so far (shape=());
+                          #   asynchronous: the clients in flight (``fljax.asynchronous.Flight``)
 
 
 AlgorithmOrBuilder = Algorithm | Callable[[Mapping[str, jax.Array]], Algorithm]
@@ -58,25 +64,34 @@ AlgorithmOrBuilder = Algorithm | Callable[[Mapping[str, jax.Array]], Algorithm]
 
 def init_state(algorithm: Algorithm, params: Params, num_clients: int, seed: int,
                probes: Sequence[Probe] = (), hparams: Mapping[str, jax.Array] | None = None,
-               ) -> RoundState:
+               timing: tuple = (None, None)) -> RoundState:
     """Round 0: the server's and every client's initial state (as device arrays), and every
     probe's. The state owns fresh copies of ``params``: the round donates its state, and the
     caller's arrays stay usable (e.g. to start a second algorithm from the same initial model).
-    ``hparams``: the values ``algorithm`` was built from, when the round builds it from them."""
+    ``hparams``: the values ``algorithm`` was built from, when the round builds it from them.
+    ``timing``: the round's (clock, asynchrony), when it has a clock (``round_fn.init_state``
+    passes them)."""
     return _initial_state(algorithm, params, num_clients, jax.random.PRNGKey(seed), probes,
-                          dict(hparams or {}))
+                          dict(hparams or {}), timing)
 
 
 def _initial_state(algorithm: Algorithm, params: Params, num_clients: int, key: jax.Array,
-                   probes: Sequence[Probe], hparams: dict) -> RoundState:
+                   probes: Sequence[Probe], hparams: dict, timing: tuple = (None, None)
+                   ) -> RoundState:
     params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
     client_state = algorithm.client_init(params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)).copy(),
                            client_state)
+    clock, asynchrony = timing
+    time = ()
+    if asynchrony is not None:
+        time = initial_flight(asynchrony, key, params, num_clients)
+    elif clock is not None:
+        time = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
     return RoundState(round=jnp.zeros((), jnp.int32), key=key, params=params,
                       server_state=algorithm.server_init(params), client_states=stacked,
                       probes={p.name: p.init(params, num_clients) for p in probes},
-                      hparams=hparams)
+                      hparams=hparams, clock=time)
 
 
 class RoundFunction:
@@ -88,8 +103,10 @@ class RoundFunction:
 
     def __init__(self, jitted, data: FederatedData, mesh: Mesh | None,
                  algorithm: AlgorithmOrBuilder, model: Model, probes: tuple[Probe, ...],
-                 runs: int | None = None, data_axes: Any = None, means: jax.Array | None = None):
+                 runs: int | None = None, data_axes: Any = None, means: jax.Array | None = None,
+                 timing: tuple = (None, None)):
         self._jitted = jitted
+        self.timing = timing             # (clock, asynchrony)
         self._data = data
         self._given = algorithm if isinstance(algorithm, Algorithm) else None
         self._build = _builder(algorithm)
@@ -156,7 +173,8 @@ class RoundFunction:
             values = hparams_of(hparams or {}, dtype)
             algorithm = self._build(values)
             build = functools.partial(init_state, algorithm, num_clients=self.num_clients,
-                                      seed=seed, probes=self.probes, hparams=values)
+                                      seed=seed, probes=self.probes, hparams=values,
+                                      timing=self.timing)
             if self.mesh is None:
                 return build(params)
             params = jax.tree.map(np.asarray, params)  # host values: the same on every process
@@ -179,7 +197,7 @@ class RoundFunction:
 
         def one(p, key, values):
             return _initial_state(self._build(values), p, self.num_clients, key,
-                                  self.probes, values)
+                                  self.probes, values, self.timing)
 
         init = jax.vmap(one)
         if self.mesh is not None:
@@ -237,7 +255,9 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
                augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
                participation: str = "uniform", probes: Sequence[Probe] = (), unroll: int = 1,
                compute_dtype=None, runs: int | None = None,
-               run_chunk: int | None = None) -> RoundFunction:
+               run_chunk: int | None = None, clock: Clock | None = None,
+               deadline: Deadline | None = None,
+               asynchrony: Asynchrony | None = None) -> RoundFunction:
     """Compile-ready round of ``algorithm`` training ``model`` on ``data``.
 
     ``algorithm`` is an Algorithm, or a function ``hparams -> Algorithm`` of the run's
@@ -280,9 +300,18 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     metrics; their state lives in ``state.probes`` (build it with ``round_fn.init_state``). With
     no probe the round is the same program as without them.
 
+    ``clock`` (``fljax.clock``) gives every client's local work a simulated duration; the state
+    keeps the simulated time and each round reports ``sim_time``, ``round_time``, ``sampled``
+    (the clients sent the model) and ``reported``. With it,
+    ``deadline`` (``fljax.stragglers``) sets what a synchronous round does with stragglers,
+    dropout and over-selection, and ``asynchrony`` (``fljax.asynchronous``) makes a "round" one
+    server step of FedBuff or FedAsync, clients in flight in the state. Build the state with
+    ``round_fn.init_state``.
+
     Metrics of a round: ``train_loss`` (the p_i-weighted mean local loss), ``clients`` (the
-    cohort; -1 for a Bernoulli slot nobody took), ``client_steps``, ``params_finite``, the cohort
-    mean of each of the algorithm's ``client_metrics``, and each probe's metrics.
+    cohort; -1 for a Bernoulli slot nobody took, or a client that did not report), ``client_steps``,
+    ``params_finite``, the cohort mean of each of the algorithm's ``client_metrics``, and each
+    probe's metrics.
     """
     build = _builder(algorithm)
     datas = _run_datas(data, runs)
@@ -296,35 +325,76 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     compute_dtype = _check_compute(unroll, compute_dtype)
     work = local_work(counts, batch, local_steps, local_epochs, unroll)
     bernoulli = participation == "bernoulli"
+    _check_timing(clock, deadline, asynchrony, participation, population_devices, probes,
+                  counts.shape[1])
+    sampled_per_round = sampled(deadline, clients_per_round)
+    variable = bernoulli or (deadline is not None and deadline != Deadline())  # who reports varies
+    capped = deadline is not None and deadline.seconds is not None and (
+        deadline.stragglers == "partial")
     client_chunk = _client_chunk(client_chunk, work.num_clients if bernoulli else
-                                 clients_per_round, clients_per_round, population_devices)
+                                 sampled_per_round, sampled_per_round, population_devices)
     loss_fn = model_loss(model, compute_dtype)
     clients = client_mesh(num_devices) if population_devices > 1 else None
     if clients is not None:
         datas = [put(shard_data(datas[0], num_devices), data_specs(datas[0]), clients)]
 
+    def async_round_fn(state: RoundState, data: FederatedData, mean_examples=None):
+        algorithm = build(state.hparams)
+        check_algorithm(algorithm, state.params)
+        run_work = work if mean_examples is None else work._replace(mean_examples=mean_examples)
+        run_clients = _cohort_runner(algorithm, (), run_work, model, augment, 1, False,
+                                     asynchrony.buffer, False, loss_fn)
+
+        def train_one(client_id, weight, started, start):
+            """One finisher, trained from its start model as a client of round ``started``."""
+            one = client_id[None]
+            _, (message, _), metrics = run_clients(
+                one, one, (state.client_states, {}), weight[None], jnp.ones(1, bool),
+                asynchrony.buffer, start, state.server_state, started,
+                round_key(state.key, started)[1], data)
+            return message, jax.tree.map(lambda a: a[0], metrics)
+
+        return async_round(asynchrony, clock, algorithm, train_one,
+                           lambda ids: client_steps(run_work, data.count[ids]), data.count,
+                           aggregation, state, data)
+
     def round_fn(state: RoundState, data: FederatedData, mean_examples=None):
         algorithm = build(state.hparams)
         run_work = work if mean_examples is None else work._replace(mean_examples=mean_examples)
         run_clients = _cohort_runner(algorithm, probes, run_work, model, augment, client_chunk,
-                                     bernoulli, clients_per_round, clients is not None, loss_fn)
+                                     variable, sampled_per_round, clients is not None, loss_fn)
         train_cohort = _cohort_on_devices(run_clients, clients, run_work, bernoulli)
         sample_key, client_key = round_key(state.key, state.round)
         dtype = jax.tree.leaves(state.params)[0].dtype
-        cohort = draw_cohort(sample_key, data.count, clients_per_round=clients_per_round,
+        cohort = draw_cohort(sample_key, data.count, clients_per_round=sampled_per_round,
                              participation=participation, aggregation=aggregation, dtype=dtype,
                              num_devices=population_devices)
+        caps, timing_metrics, time = None, {}, state.clock
+        if clock is not None:
+            if isinstance(state.clock, tuple):
+                raise FljaxError("the round has a clock but the state holds no simulated time; "
+                                 "build the state with round_fn.init_state(...)")
+            sent = cohort.size                   # every sampled client was sent the model
+            cohort, steps, elapsed = settle(
+                deadline, clock, state.key, state.round, cohort,
+                client_steps(run_work, data.count[cohort.ids]), data.count[cohort.ids],
+                aggregation, clients_per_round)
+            caps = steps if capped else None
+            time = state.clock + elapsed
+            timing_metrics = {"sim_time": time, "round_time": elapsed,
+                              "sampled": sent, "reported": cohort.size}
         (client_states, probe_clients), (message, probe_sums), metrics = train_cohort(
             cohort, _rows(state), state.params, state.server_state, state.round, client_key,
-            data)
+            data, caps)
         if algorithm.perturb is not None:
             message = algorithm.perturb(message, state.server_state,
                                         server_key(state.key, state.round))
         params, server_state = algorithm.server_update(state.params, state.server_state, message,
                                                        state.round)
         new_state = state._replace(round=state.round + 1, params=params,
-                                   server_state=server_state, client_states=client_states)
-        round_metrics = _round_metrics(params, cohort, metrics, bernoulli)
+                                   server_state=server_state, client_states=client_states,
+                                   clock=time)
+        round_metrics = {**_round_metrics(params, cohort, metrics, variable), **timing_metrics}
         if algorithm.observe is not None or probes:
             if clients is not None:
                 data = global_layout(data, population_devices)
@@ -335,9 +405,11 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
             round_metrics = _merge(round_metrics, observed)
         return new_state, round_metrics
 
+    timing = (clock, asynchrony)
+    step = round_fn if asynchrony is None else async_round_fn
     if runs is None:
-        return RoundFunction(jax.jit(round_fn, donate_argnums=0), datas[0], clients, algorithm,
-                             model, probes)
+        return RoundFunction(jax.jit(step, donate_argnums=0), datas[0], clients, algorithm,
+                             model, probes, timing=timing)
     data, axes = stack_data(datas) if len(datas) > 1 else (datas[0], _shared_axes(datas[0]))
     means = counts.mean(axis=1)
     means = None if np.all(means == means[0]) else jnp.asarray(
@@ -346,9 +418,39 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     if runs_mesh is not None:
         data = put(data, jax.tree.map(lambda axis: P() if axis is None else P(RUNS), axes,
                                       is_leaf=lambda a: a is None), runs_mesh)
-    batched = _batched(round_fn, axes, means is not None, runs, run_chunk, runs_mesh)
+    batched = _batched(step, axes, means is not None, runs, run_chunk, runs_mesh)
     return RoundFunction(jax.jit(batched, donate_argnums=0), data, runs_mesh, algorithm, model,
-                         probes, runs, axes if len(datas) > 1 else None, means)
+                         probes, runs, axes if len(datas) > 1 else None, means, timing)
+
+
+def _check_timing(clock: Clock | None, deadline: Deadline | None,
+                  asynchrony: Asynchrony | None, participation: str, devices: int,
+                  probes: tuple, num_clients: int) -> None:
+    """Raise FljaxError on a deadline or asynchrony without a clock, or one they cannot
+    compose with."""
+    if clock is not None and not isinstance(clock, Clock):
+        raise FljaxError(f"clock must be a fljax.clock.Clock, got {type(clock).__name__}")
+    if clock is not None and clock.step_times is not None and len(clock.step_times) != (
+            num_clients):
+        raise FljaxError(f"the clock's trace lists {len(clock.step_times)} clients' step times; "
+                         f"the population has {num_clients}")
+    if (deadline is not None or asynchrony is not None) and clock is None:
+        raise FljaxError("a deadline or asynchrony needs a clock (make_round(..., clock=...))")
+    if deadline is not None:
+        check_deadline(deadline)
+        if deadline.over_selection and participation == "bernoulli":
+            raise FljaxError("over_selection samples more clients than clients_per_round; "
+                             "Bernoulli participation samples no fixed number")
+    if asynchrony is not None:
+        check_asynchrony(asynchrony, num_clients)
+        if deadline is not None:
+            raise FljaxError("an asynchronous server has no round deadline: give a deadline or "
+                             "asynchrony, not both")
+        for what, bad in (("Bernoulli participation", participation == "bernoulli"),
+                          ("a population sharded over devices", devices > 1),
+                          ("probes (they measure a synchronous round)", bool(probes))):
+            if bad:
+                raise FljaxError(f"asynchronous training does not compose with {what}")
 
 
 def _builder(algorithm: AlgorithmOrBuilder) -> Callable[[Mapping[str, Any]], Algorithm]:
@@ -463,8 +565,9 @@ def _check_runs(runs: int | None, run_chunk: int | None, num_devices: int) -> in
 
 
 def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoulli: bool):
-    """``train(cohort, rows, w, server state, t, key, data) -> (every client's new rows, summed
-    outputs, per-slot metrics)``: ``run_clients`` on the cohort, over the mesh if any.
+    """``train(cohort, rows, w, server state, t, key, data, caps=None) -> (every client's new
+    rows, summed outputs, per-slot metrics)``: ``run_clients`` on the cohort, over the mesh if
+    any; ``caps``: each slot's local steps when a deadline cuts them short.
 
     Client i's rows and examples live on device i // (N/D) (``fljax.placement``). A uniform
     cohort is dealt out in D equal shares of slots: each sampled client's rows and examples are
@@ -478,7 +581,7 @@ def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoull
     psum = (lambda tree: jax.lax.psum(tree, AXIS)) if sharded else (lambda tree: tree)
 
     def on_device(ids, joined, weights, cohort_ids, size, rows, params, server_state,
-                  round_index, key, data):
+                  round_index, key, data, caps):
         d = device_index(sharded)
         if moves:
             owned = cohort_ids // per_device == d
@@ -496,7 +599,7 @@ def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoull
             cohort_rows, cohort_data = jax.tree.map(lambda a: a[at], rows), data
         new_rows, sums, metrics = run_clients(ids, data_rows, cohort_rows, weights, joined,
                                               size, params, server_state, round_index, key,
-                                              cohort_data)
+                                              cohort_data, caps)
         if moves:
             new_rows = jax.lax.all_gather(new_rows, AXIS, tiled=True)
         rows = jax.tree.map(lambda a, new: a.at[at].set(new, mode="drop"), rows, new_rows)
@@ -504,16 +607,16 @@ def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoull
             metrics = jax.lax.all_gather(metrics, AXIS, tiled=True)
         return rows, psum(sums), metrics
 
-    def train(cohort, rows, params, server_state, round_index, key, data):
+    def train(cohort, rows, params, server_state, round_index, key, data, caps=None):
         fn = on_device
         if sharded:
             fn = jax.shard_map(
                 on_device, mesh=mesh,
                 in_specs=(P(AXIS), P(AXIS), P(AXIS), P(), P(), P(AXIS), P(), P(), P(), P(),
-                          data_specs(data)),
+                          data_specs(data), P(AXIS)),
                 out_specs=(P(AXIS), P(), P()), check_vma=False)
         return fn(cohort.ids, cohort.joined, cohort.weights, cohort.ids, cohort.size, rows,
-                  params, server_state, round_index, key, data)
+                  params, server_state, round_index, key, data, caps)
 
     return train
 
@@ -566,14 +669,17 @@ def local_work(counts: np.ndarray, batch: int, local_steps: int | None,
 
 
 def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalWork,
-                   model: Model, augment, client_chunk: int, bernoulli: bool,
+                   model: Model, augment, client_chunk: int, variable: bool,
                    clients_per_round: int, sharded: bool, loss_fn: Callable):
     """``run_clients(ids, data rows, rows, weights, joined, cohort size, w, server state, t, key,
-    data) -> (new rows, (summed message, summed probe outputs), per-client metrics)`` for the slots
-    given (all of them, or one device's share under shard_map). Slot s is client ``ids[s]``
-    (its identity: keys, ``ctx.client_id``) whose examples are client ``data rows[s]`` of
-    ``data`` (the population's, or the cohort's own copy on this device); ``loss_fn``: the
-    model's loss (``model_loss``)."""
+    data, caps=None) -> (new rows, (summed message, summed probe outputs), per-client metrics)``
+    for the slots given (all of them, or one device's share under shard_map). Slot s is client
+    ``ids[s]`` (its identity: keys, ``ctx.client_id``) whose examples are client ``data rows[s]``
+    of ``data`` (the population's, or the cohort's own copy on this device); ``caps[s]``: its
+    local steps at most (a deadline's straggler); ``loss_fn``: the model's loss
+    (``model_loss``). ``variable``: whether who joins varies (Bernoulli participation, a deadline,
+    dropout): then a slot that did not join keeps its state and sends nothing, and the cohort
+    size is a traced count."""
 
     def client_first_exchange(client_id, data_row, client_state, weight, joined, params,
                               server_state, round_index, cohort_size, key, data: FederatedData):
@@ -584,12 +690,15 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
         message = algorithm.cohort_start(ctx)
         return message, message, ()     # kept per client (own_message) and summed
 
-    def one_client(client_id, data_row, row, weight, own_message, joined, params, server_state,
-                   round_index, cohort_size, key, data: FederatedData, cohort_message):
+    def one_client(client_id, data_row, row, weight, own_message, cap, joined, params,
+                   server_state, round_index, cohort_size, key, data: FederatedData,
+                   cohort_message):
         client_state, probe_states = row
         ctx = client_context(work, loss_fn, data, data_row, client_id, client_state, weight,
                              params, server_state, round_index, cohort_size, cohort_message,
                              own_message)
+        if cap is not None:                     # a straggler stopped by the deadline
+            ctx = ctx._replace(num_steps=jnp.minimum(ctx.num_steps, cap).astype(jnp.int32))
         num_steps = ctx.num_steps
         start_key, batch_key, step_key = client_keys(key, client_id)
         ctx = ctx._replace(**dict(zip(("message_key", "shared_key"),
@@ -615,8 +724,8 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
         return (new_state, new_probe_states), (message, probe_outputs), metrics
 
     def run_clients(ids, data_rows, rows, weights, joined, cohort_size, params, server_state,
-                    round_index, key, data):
-        if not bernoulli:
+                    round_index, key, data, caps=None):
+        if not variable:
             cohort_size = clients_per_round          # static, as ClientContext promises
         shared = dict(params=params, server_state=server_state, round_index=round_index,
                       cohort_size=cohort_size, data=data)
@@ -625,14 +734,14 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
             inputs = (ids, data_rows, rows[0], weights, joined)
             first, idle = joined_only(functools.partial(client_first_exchange, key=key,
                                                         **shared), inputs,
-                                      None, bernoulli)
+                                      None, variable)
             own_messages, cohort_message, _ = map_sum(first, inputs, client_chunk, idle)
             if sharded:
                 cohort_message = jax.lax.psum(cohort_message, AXIS)
-        inputs = (ids, data_rows, rows, weights, own_messages, joined)
+        inputs = (ids, data_rows, rows, weights, own_messages, caps, joined)
         fn, idle = joined_only(functools.partial(one_client, key=key,
                                                  cohort_message=cohort_message, **shared), inputs,
-                               2, bernoulli)
+                               2, variable)
         return map_sum(fn, inputs, client_chunk, idle)
 
     return run_clients
@@ -650,10 +759,11 @@ def _probe_clients(probes, ctx, start, end, client_state, probe_states):
     return new_states, outputs
 
 
-def _round_metrics(params, cohort, metrics: dict, bernoulli: bool) -> dict:
+def _round_metrics(params, cohort, metrics: dict, variable: bool) -> dict:
     finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
-    mean = (lambda values: jnp.sum(jnp.where(cohort.joined, values, 0)) / cohort.size) \
-        if bernoulli else jnp.mean
+    mean = (lambda values: jnp.sum(jnp.where(cohort.joined, values, 0))
+            / jnp.maximum(cohort.size, 1)) \
+        if variable else jnp.mean
     return {"train_loss": jnp.sum(cohort.weights * metrics.pop("loss")),
             "clients": jnp.where(cohort.joined, cohort.ids, -1),   # -1: a slot nobody took
             "params_finite": finite, "client_steps": metrics.pop("steps"),

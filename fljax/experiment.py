@@ -353,7 +353,9 @@ def round_settings(config: ExperimentConfig) -> dict[str, Any]:
                 local_epochs=None if full_batch else config.local_epochs,
                 aggregation=config.aggregation, client_chunk=config.client_chunk,
                 augment=named_augmentation(config.augment), participation=config.participation,
-                unroll=config.unroll, compute_dtype=config.compute_dtype)
+                unroll=config.unroll, compute_dtype=config.compute_dtype,
+                clock=config.options.clock, deadline=config.options.deadline,
+                asynchrony=config.options.asynchrony)
 
 
 class Batch(NamedTuple):

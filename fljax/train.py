@@ -187,7 +187,8 @@ class RunRecord:
         extras = {k: float(v) for k, v in m.items() if k not in ROUND_KEYS}
         clients = np.asarray(m["clients"])
         cohort = clients[clients >= 0].tolist()
-        extras.update(self.cost.round(round_index, len(cohort), state))
+        extras.update(self.cost.round(round_index, len(cohort), state,
+                                      int(m["sampled"]) if "sampled" in m else None))
         self.last_round = extras
         self.log.round(round_index, loss, cohort, self.time_s,
                        {"communication_rounds": self.exchanged(round_index), **extras})
@@ -476,12 +477,15 @@ class Accounting:
         self._up = sum(r.get("bits_up", 8 * r.get("bytes_up", 0)) for r in rounds)
         self._total_flops = sum(r.get("flops", 0.0) for r in rounds)
 
-    def round(self, round_index: int, cohort_size: int, state) -> dict[str, float]:
-        """The accounting of round ``round_index`` (1-based) with ``cohort_size`` clients."""
+    def round(self, round_index: int, cohort_size: int, state,
+              receivers: int | None = None) -> dict[str, float]:
+        """The accounting of round ``round_index`` (1-based) with ``cohort_size`` clients that
+        reported, of ``receivers`` that were sent the model (default: the same; more when a
+        deadline, dropout or over-selection left some out)."""
         if self._flops is None:
             self._flops = self._flops_of(state)
-        down, up = (cohort_size * bits for bits in client_bits(
-            self._algorithm, round_index - 1, self._params))
+        down, up = client_bits(self._algorithm, round_index - 1, self._params)
+        down, up = (cohort_size if receivers is None else receivers) * down, cohort_size * up
         flops = self._flops * (cohort_size / self._slots if self._slots else 1.0)
         self._down += down
         self._up += up

@@ -78,7 +78,9 @@ def build(name: str, values: dict, model) -> algorithms.Algorithm:
     if name in WRAPPERS:
         leading = {"gradual_unfreezing": [UNITS],
                    "fedbn": [jax.eval_shape(model.init, jax.random.key(0))]}.get(name, [])
-        return factory(algorithms.scaffold(local, server_lr=values["server_lr"]), *leading, **own)
+        structural = {"compress": dict(compressor="top_k", ratio=0.5, error_feedback=True)}
+        return factory(algorithms.scaffold(local, server_lr=values["server_lr"]), *leading, **own,
+                       **structural.get(name, {}))
     extras = {"model": model, "server_optimizer": optax.sgd(values["server_lr"])}
     accepted = inspect.signature(factory).parameters
     return factory(local, **{k: v for k, v in extras.items() if k in accepted}, **own)
