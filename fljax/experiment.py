@@ -281,10 +281,11 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         params = model.init(jax.random.PRNGKey(config.seed))
         if config.pretrained is not None:
             params = load_bert_checkpoint(config.pretrained, params)
-        if config.init_from is not None:   # read eagerly, also under a trace (batch_memory)
-            with jax.ensure_compile_time_eval():
+        if config.init_from is not None:   # read eagerly, also under a trace (batch_memory),
+            with jax.ensure_compile_time_eval():   # as host arrays: a batch may spread its
                 saved = saved_params(config.init_from, jax.eval_shape(lambda: params), reset)[1]
-            params = {**params, **{k: v for k, v in saved.items() if k not in reset}}
+            params = {**params, **{k: jax.device_get(v) for k, v in saved.items()   # runs
+                                   if k not in reset}}                   # over devices
         return params
 
     if config.pretrained is not None:

@@ -1,6 +1,11 @@
 """--init-from: a run starts from the global model of another run's newest checkpoint (shapes
 checked, layers in --init-reset keep their own initialization); bad input is one line, exit 2."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -95,3 +100,25 @@ def test_bad_init_from_is_one_line_and_exit_2(source, flags, message, tmp_path, 
                  "--out-dir", str(tmp_path / "r"), "--quiet", *flags])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_cli_seeds_from_saved_params_spread_over_two_devices(source, tmp_path):
+    """`fljax --init-from RUN --seeds 5-6` in a fresh process: the CLI makes one CPU device per
+    core and spreads the two runs over two devices, which the saved params (read on one device)
+    must not pin (the params themselves: test_a_batch_of_runs_starts_from_the_saved_params)."""
+    config, _ = source
+    out = tmp_path / "seeds"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = subprocess.run(
+        [sys.executable, "-m", "fljax", "--init-from", config.out_dir, "--seeds", "5-6",
+         "--rounds", "1", "--eval-every", "1", "--num-clients", "10", "--clients-per-round", "4",
+         "--local-epochs", "1", "--out-dir", str(out), "--quiet"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "on 2 device(s)" in done.stdout + done.stderr
+    logs = sorted(out.glob("**/metrics.jsonl"))
+    assert len(logs) == 2
+    for log in logs:
+        evaluations = [json.loads(line) for line in log.read_text().splitlines()
+                       if json.loads(line)["kind"] == "eval"]
+        assert len(evaluations) == 1 and 0.0 <= evaluations[0]["accuracy"] <= 1.0
