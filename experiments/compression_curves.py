@@ -10,21 +10,23 @@ per client per round, final test accuracy, the paired difference to FedAvg, and 
 uplink bits at which the test accuracy first reaches FedAvg's, within 1 point) and compression.png
 (mean test accuracy over seeds against cumulative uplink bits, log scale).
 
-"Reaches FedAvg's accuracy": the target of a task is FedAvg's mean final test accuracy minus 1
-point (the seeds' spread is about that); a run reaches it at its first evaluation at or above it.
-A compressor's cost is the mean over seeds of the cumulative uplink bits there, over the seeds
-that reach it (n of 10 shown). The verdict names the compressor that reaches the target in every
-seed with the fewest bits.
+"Reaches FedAvg's accuracy", paired by seed: on seed s the target is FedAvg's own final test
+accuracy on seed s minus 1 point; a run reaches it at its first evaluation at or above it. (A
+first version took one target for all seeds, FedAvg's mean minus 1 point; FedAvg itself missed it
+on 3 of 10 MNIST-1D seeds, so the comparison is now paired, as every claim here is.) A
+compressor's cost is the mean over seeds of the cumulative uplink bits there, over the seeds that
+reach it (n of 10 shown). The verdict names the compressor that reaches the target in every seed
+with the fewest bits, else the one that does in the most seeds.
 """
+
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 
-from evidence_runs import HERE, evaluations, run_sweeps
+from evidence_runs import HERE, evaluations, report
 from fljax.sweep import load_sweep, paired_difference
 
 SWEEPS = ("evidence_compression.json", "evidence_compression_natural.json")
@@ -46,18 +48,20 @@ def task(name: str, runs_dir: str) -> tuple[list[str], dict, str]:
     (row,), seeds, columns = list(sweep["rows"]), sweep["seeds"], list(sweep["columns"])
     runs = {c: [evaluations(runs_dir, name, row, c, s) for s in seeds] for c in columns}
     final = {c: [100 * r[-1]["accuracy"] for r in runs[c]] for c in columns}
-    target = float(np.mean(final["FedAvg"])) - TOLERANCE
+    targets = [a - TOLERANCE for a in final["FedAvg"]]          # paired: each seed's own
     rounds = runs["FedAvg"][0][-1]["round"]
     per_client = {c: runs[c][0][-1]["uplink_bits"] / (rounds * sweep["base"]["clients_per_round"])
                   for c in columns}
-    lines = [f"### {row}", "", f"Target: FedAvg's mean final test accuracy "
-             f"{np.mean(final['FedAvg']):.2f} % minus {TOLERANCE:g} point = {target:.2f} %.", "",
+    lines = [f"### {row}", "", f"Target on each seed: FedAvg's final test accuracy on that seed "
+             f"minus {TOLERANCE:g} point (FedAvg's mean final accuracy "
+             f"{np.mean(final['FedAvg']):.2f} %).", "",
              "| compressor | uplink kbit per client per round | / FedAvg | final test accuracy % | "
              "- FedAvg (paired, points) | uplink Mbit to reach the target | / FedAvg | seeds "
              "reaching it |", "|---|---|---|---|---|---|---|---|"]
     reached, curves = {}, {}
     for c in columns:
-        hits = [b for b in (bits_to_reach(r, target) for r in runs[c]) if b is not None]
+        hits = [b for b in (bits_to_reach(r, t) for r, t in zip(runs[c], targets))
+                if b is not None]
         reached[c] = (np.mean(hits) if hits else np.inf, len(hits))
         diff = "-" if c == "FedAvg" else paired_difference(final[c], final["FedAvg"])
         cost = f"{reached[c][0] / 1e6:.3g}" if hits else "never"
@@ -69,55 +73,31 @@ def task(name: str, runs_dir: str) -> tuple[list[str], dict, str]:
         bits = np.array([e["uplink_bits"] for e in runs[c][0]])
         acc = np.mean([[100 * e["accuracy"] for e in r] for r in runs[c]], axis=0)
         curves[c] = (bits, acc)
-    every = {c: bits for c, (bits, n) in reached.items() if n == len(seeds) and c != "FedAvg"}
-    if every:
-        best = min(every, key=every.get)
-        verdict = (f"{row}: **{best}** reaches FedAvg's accuracy (within {TOLERANCE:g} point) in "
-                   f"every seed with the fewest uplink bits, {every[best] / 1e6:.3g} Mbit, "
-                   f"{every[best] / reached['FedAvg'][0]:.3f}x FedAvg's "
-                   f"{reached['FedAvg'][0] / 1e6:.3g} Mbit.")
+    most = max(n for c, (_, n) in reached.items() if c != "FedAvg")
+    candidates = {c: bits for c, (bits, n) in reached.items() if n == most and c != "FedAvg"}
+    if most == 0:
+        verdict = f"{row}: no compressor reaches FedAvg's accuracy on any seed."
     else:
-        verdict = f"{row}: no compressor reaches FedAvg's accuracy in every seed."
-    return lines, curves, verdict
+        best = min(candidates, key=candidates.get)
+        where = "every seed" if most == len(seeds) else f"{most} of {len(seeds)} seeds (the most)"
+        verdict = (f"{row}: **{best}** reaches FedAvg's accuracy (its seed's, within "
+                   f"{TOLERANCE:g} point) in {where} with the fewest uplink bits, "
+                   f"{candidates[best] / 1e6:.3g} Mbit, "
+                   f"{candidates[best] / reached['FedAvg'][0]:.3f}x FedAvg's "
+                   f"{reached['FedAvg'][0] / 1e6:.3g} Mbit.")
+    return lines, curves, [verdict]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="runs", help="the sweeps' --out-dir parent")
-    args = parser.parse_args()
-    run_sweeps(SWEEPS, args.runs)
-    os.makedirs(RESULTS, exist_ok=True)
-    lines = ["# Compression: accuracy against uplink bits", "",
-             "Made by `python experiments/compression_curves.py` (see its docstring; the tasks "
-             "are the two sweep files' notes). Mean ± std over 10 seeds; paired differences "
-             "with a paired t-test's p-value.", ""]
-    verdicts, panels = [], []
-    for name in SWEEPS:
-        table, curves, verdict = task(name, args.runs)
-        lines += table + [""]
-        verdicts.append(verdict)
-        panels.append((table[0][4:], curves))
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts]
-    with open(os.path.join(RESULTS, "compression.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(panels), figsize=(12, 4.5))
-    for ax, (title, curves) in zip(axes, panels):
-        for i, (column, (bits, acc)) in enumerate(curves.items()):
-            ax.plot(bits, acc, marker=".", label=column, color=f"C{i % 10}",
-                    linestyle="-" if i < 10 else "--", linewidth=2 if column == "FedAvg" else 1)
-        ax.set_xscale("log")
-        ax.set_xlabel("cumulative uplink bits (all clients)")
-        ax.set_ylabel("test accuracy % (mean of 10 seeds)")
-        ax.set_title(title)
-    axes[-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "compression.png"), dpi=110)
+def draw(ax, curves) -> None:
+    """Mean test accuracy against cumulative uplink bits, log scale, one line per column."""
+    for i, (column, (bits, acc)) in enumerate(curves.items()):
+        ax.plot(bits, acc, marker=".", label=column, color=f"C{i % 10}",
+                linestyle="-" if i < 10 else "--", linewidth=2 if column == "FedAvg" else 1)
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative uplink bits (all clients)")
+    ax.set_ylabel("test accuracy % (mean of 10 seeds)")
 
 
 if __name__ == "__main__":
-    main()
+    report(__doc__.splitlines()[0], SWEEPS, task, "Compression: accuracy against uplink bits",
+           "compression_curves.py", os.path.join(RESULTS, "compression"), draw)

@@ -17,12 +17,11 @@ accuracy at B and the one that reaches FedAvg's accuracy soonest.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 
-from evidence_runs import HERE, evaluations, run_sweeps
+from evidence_runs import HERE, evaluations, report
 from fljax.sweep import load_sweep, paired_difference
 
 SWEEPS = ("evidence_time.json", "evidence_time_natural.json")
@@ -31,9 +30,10 @@ BASELINE = "FedAvg"
 
 
 def accuracy_at(evals: list[dict], time: float) -> float:
-    """Test accuracy (%) of the last evaluation at or before simulated ``time`` (0 before any)."""
+    """Test accuracy (%) of the last evaluation at or before simulated ``time`` (NaN before the
+    first)."""
     before = [e for e in evals if e["sim_time"] <= time]
-    return 100 * before[-1]["accuracy"] if before else 0.0
+    return 100 * before[-1]["accuracy"] if before else float("nan")
 
 
 def time_to(evals: list[dict], target: float) -> float | None:
@@ -67,7 +67,8 @@ def task(name: str, runs_dir: str):
                      f"{fmt(at[c][0.5])} | {fmt(at[c][1.0])} | {diff} | "
                      f"{fmt(hits) if len(hits) > 1 else '-'} | {len(hits)}/{len(seeds)} |")
         grid = np.linspace(0, budget, 60)
-        curves[c] = (grid, np.mean([[accuracy_at(r, t) for t in grid] for r in runs[c]], axis=0))
+        curves[c] = (grid, np.nanmean([[accuracy_at(r, t) for t in grid] for r in runs[c]],
+                                      axis=0))    # where some seed has evaluated
     best = max(columns, key=lambda c: np.mean(at[c][1.0]))
     every = {c: t for c, (t, n) in reach.items() if n == len(seeds)}
     gain = "" if best == BASELINE else (
@@ -82,42 +83,16 @@ def task(name: str, runs_dir: str):
     return lines, curves, verdict
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="runs", help="the sweeps' --out-dir parent")
-    args = parser.parse_args()
-    run_sweeps(SWEEPS, args.runs)
-    os.makedirs(RESULTS, exist_ok=True)
-    lines = ["# Stragglers and asynchrony: accuracy against simulated time", "",
-             "Made by `python experiments/time_curves.py` (see its docstring; the tasks are the two "
-             "sweep files' notes). Mean ± std over 10 seeds; paired differences with a paired "
-             "t-test's p-value.", ""]
-    verdicts, panels = [], []
-    for name in SWEEPS:
-        table, curves, verdict = task(name, args.runs)
-        lines += table + [""]
-        verdicts += verdict
-        panels.append((table[0][4:], curves))
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts]
-    with open(os.path.join(RESULTS, "time.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(panels), figsize=(12, 4.5))
-    for ax, (title, curves) in zip(axes, panels):
-        for i, (column, (times, acc)) in enumerate(curves.items()):
-            ax.plot(times, acc, label=column, color=f"C{i}",
-                    linewidth=2 if column == BASELINE else 1.2)
-        ax.set_xlabel("simulated time (clock units)")
-        ax.set_ylabel("test accuracy % (mean of 10 seeds)")
-        ax.set_title(title)
-    axes[-1].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "time.png"), dpi=110)
+def draw(ax, curves) -> None:
+    """Mean test accuracy against simulated time, one line per column."""
+    for i, (column, (times, acc)) in enumerate(curves.items()):
+        ax.plot(times, acc, label=column, color=f"C{i}",
+                linewidth=2 if column == BASELINE else 1.2)
+    ax.set_xlabel("simulated time (clock units)")
+    ax.set_ylabel("test accuracy % (mean of 10 seeds)")
 
 
 if __name__ == "__main__":
-    main()
+    report(__doc__.splitlines()[0], SWEEPS, task,
+           "Stragglers and asynchrony: accuracy against simulated time", "time_curves.py",
+           os.path.join(RESULTS, "time"), draw)

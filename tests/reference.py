@@ -39,6 +39,17 @@ def tree_map(fn, *trees):
     return jax.tree.map(fn, *trees)
 
 
+def local_sgd(w, steps, part, x, y, lr):
+    """Plain local SGD (float64) from ``w``: one step per (positions, mask) of ``steps`` on the
+    client's examples ``part`` (positions past its count clipped to its last example)."""
+    local = tree_map(np.copy, w)
+    for positions, mask in steps:
+        examples = part[np.minimum(np.asarray(positions), len(part) - 1)]
+        _, g = mlp_loss_and_grad(local, x[examples], y[examples], np.asarray(mask, np.float64))
+        local = tree_map(lambda a, b: a - lr * b, local, g)
+    return local
+
+
 def cohort_full_gradients(w, x, y, parts, client_ids):
     """Each client's full-batch gradient g_i(w) and their example-weighted mean
     gbar = sum_S n_i g_i(w) / sum_S n_i (FedGA's and the GradientAlignment code's first exchange)."""

@@ -36,7 +36,7 @@ from fljax.compression.rotation import walsh_hadamard
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round
 from fljax.experiment import build_algorithm
-from tests.reference import client_schedule, global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import client_schedule, global_norm, local_sgd, tree_map
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 from tests.test_runs import compare
 
@@ -524,11 +524,7 @@ def compressed_fedavg_reference(params, x, y, parts, *, seed, rounds, participat
         _, client_key = round_key(key, t)
         total = tree_map(np.zeros_like, w)
         for weight, (cid, steps) in zip(p, schedule):
-            local = tree_map(np.copy, w)
-            for positions, mask in steps:
-                examples = parts[cid][np.minimum(positions, counts[cid] - 1)]
-                _, g = mlp_loss_and_grad(local, x[examples], y[examples], mask)
-                local = tree_map(lambda a, b: a - LR * b, local, g)
+            local = local_sgd(w, steps, parts[cid], x, y, LR)
             own, shared = message_keys(client_key, cid)
             deltas, treedef = jax.tree.flatten(tree_map(lambda a, b: a - b, w, local))
             sent, kept = [], []

@@ -22,7 +22,7 @@ from fljax.algorithms.dp import update_noise_multiplier
 from fljax.cohort import server_key
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round
-from tests.reference import client_schedule, global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import client_schedule, global_norm, local_sgd, mlp_loss_and_grad, tree_map
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 from tests.test_runs import compare
 
@@ -44,11 +44,7 @@ def dp_fedavg_reference(params, x, y, parts, *, seed, rounds, participation, cli
         count = 0.0
         for cid, steps in client_schedule(key, t, COHORT, counts, BATCH, STEPS, None,
                                           counts.max(), participation):
-            local = tree_map(np.copy, w)
-            for positions, mask in steps:
-                examples = parts[cid][np.minimum(positions, counts[cid] - 1)]
-                _, g = mlp_loss_and_grad(local, x[examples], y[examples], mask)
-                local = tree_map(lambda a, b: a - LR * b, local, g)
+            local = local_sgd(w, steps, parts[cid], x, y, LR)
             delta = tree_map(lambda a, b: a - b, w, local)
             norm = global_norm(delta)
             total = tree_map(lambda s, d: s + d * min(1.0, clip / norm), total, delta)

@@ -26,7 +26,7 @@ from fljax.engine import init_state, make_round
 from fljax.runs import take
 from fljax.stragglers import DROPOUT_STREAM, Deadline, sampled, settle
 from fljax.train import run
-from tests.reference import global_norm, mlp_loss_and_grad, tree_map
+from tests.reference import global_norm, local_sgd, tree_map
 from tests.test_dp import cli
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 from tests.test_resume import assert_same, final_state, records
@@ -75,15 +75,10 @@ def vanished_ref(key, round_index, ids, q):
 def local_model(w, x, y, parts, cid, client_key, num_steps, max_count, lr=LR, batch=BATCH):
     """Client ``cid``'s local SGD (float64 numpy) from ``w``: ``num_steps`` steps on the batches
     fljax draws for it from ``client_key`` (its round's client key)."""
-    count = len(parts[cid])
     _, batch_key, _ = client_keys(client_key, cid)
-    local = tree_map(np.copy, w)
-    for k in range(num_steps):
-        positions, mask = client_batch(batch_key, count, k, batch, max_count)
-        examples = parts[cid][np.minimum(np.asarray(positions), count - 1)]
-        _, g = mlp_loss_and_grad(local, x[examples], y[examples], np.asarray(mask, np.float64))
-        local = tree_map(lambda a, b: a - lr * b, local, g)
-    return local
+    steps = [client_batch(batch_key, len(parts[cid]), k, batch, max_count)
+             for k in range(num_steps)]
+    return local_sgd(w, steps, parts[cid], x, y, lr)
 
 
 def sync_reference(w, x, y, parts, key, rounds, *, m, sample, local_steps, sigma, jitter,
