@@ -504,20 +504,26 @@ def results_table(evaluations: list[dict[str, Any]], title: str,
                   target: float | None = None) -> str:
     """A plain-text table of the evaluations (comm: communication rounds so far, FedGA's extra
     exchange included; with personalized evaluation, the mean test accuracy of existing and new
-    users after fine-tuning; with DP, the epsilon spent at the run's delta), with the best and
-    final accuracy and, for a ``target`` accuracy,
+    users after fine-tuning; the megabits sent up and down so far; with a clock, the simulated
+    time; with DP, the epsilon spent at the run's delta), with the best and final accuracy and,
+    for a ``target`` accuracy,
     the rounds, bytes, FLOPs and seconds it took to reach it."""
     users = [group for group in ("existing", "new")
              if evaluations and f"{group}_test_acc" in evaluations[-1]]
-    private = bool(evaluations) and "epsilon" in evaluations[-1]
+    last = evaluations[-1] if evaluations else {}
+    optional = [(key, head, spec) for key, head, spec in (
+        ("uplink_bits", "up Mbit", ".4g"), ("downlink_bits", "down Mbit", ".4g"),
+        ("sim_time", "sim time", ".1f"), ("epsilon", "epsilon", ".3f")) if key in last]
     lines = [title, f"{'round':>6}  {'comm':>6}  {'test acc':>8}  {'test loss':>9}  "
                     + "".join(f"{group:>8}  " for group in users)
-                    + (f"{'epsilon':>8}  " if private else "") + f"{'time (s)':>8}"]
+                    + "".join(f"{head:>9}  " for _, head, _ in optional) + f"{'time (s)':>8}"]
     for e in evaluations:
         comm = e.get("communication_rounds", e["round"])
         lines.append(f"{e['round']:>6}  {comm:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
                      + "".join(f"{e[f'{group}_test_acc']:>8.4f}  " for group in users)
-                     + (f"{e['epsilon']:>8.3f}  " if private else "") + f"{e['time_s']:>8.1f}")
+                     + "".join(format(e[key] / (1e6 if key.endswith("bits") else 1),
+                                      f">9{spec}") + "  " for key, _, spec in optional)
+                     + f"{e['time_s']:>8.1f}")
     if evaluations:
         best = max(evaluations, key=lambda e: e["accuracy"])
         lines.append(f"final accuracy {evaluations[-1]['accuracy']:.4f}; best "
