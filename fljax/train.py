@@ -515,14 +515,14 @@ def results_table(evaluations: list[dict[str, Any]], title: str,
         ("uplink_bits", "up Mbit", ".4g"), ("downlink_bits", "down Mbit", ".4g"),
         ("sim_time", "sim time", ".1f"), ("epsilon", "epsilon", ".3f")) if key in last]
     lines = [title, f"{'round':>6}  {'comm':>6}  {'test acc':>8}  {'test loss':>9}  "
-                    + "".join(f"{group:>8}  " for group in users)
-                    + "".join(f"{head:>9}  " for _, head, _ in optional) + f"{'time (s)':>8}"]
+                    + "".join(f"{head:>9}  " for _, head, _ in optional)
+                    + "".join(f"{group:>8}  " for group in users) + f"{'time (s)':>8}"]
     for e in evaluations:
         comm = e.get("communication_rounds", e["round"])
         lines.append(f"{e['round']:>6}  {comm:>6}  {e['accuracy']:>8.4f}  {e['loss']:>9.4f}  "
-                     + "".join(f"{e[f'{group}_test_acc']:>8.4f}  " for group in users)
                      + "".join(format(e[key] / (1e6 if key.endswith("bits") else 1),
                                       f">9{spec}") + "  " for key, _, spec in optional)
+                     + "".join(f"{e[f'{group}_test_acc']:>8.4f}  " for group in users)
                      + f"{e['time_s']:>8.1f}")
     if evaluations:
         best = max(evaluations, key=lambda e: e["accuracy"])
