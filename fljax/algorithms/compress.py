@@ -165,10 +165,16 @@ def compress(algorithm: Algorithm, compressor: str, *, ratio: StaticFloat | None
         return encode_message(codec, first, jax.random.fold_in(ctx.message_key, FIRST),
                               jax.random.fold_in(ctx.shared_key, FIRST))[0]
 
+    uplink = {}     # the encoded bits by the model's shapes: the message is traced once, not
+                    # every round the host accounts for
+
     def message_bits(round_index: int, params) -> tuple[int, int]:
-        first, message = messages(algorithm, params)
-        down = algorithm.payload(round_index)[0] * param_bits(params)
-        return down, encoded_bits(codec, first) + encoded_bits(codec, message)
+        key = (jax.tree.structure(params),
+               tuple((a.shape, jnp.dtype(a.dtype).name) for a in jax.tree.leaves(params)))
+        if key not in uplink:
+            first, message = messages(algorithm, params)
+            uplink[key] = encoded_bits(codec, first) + encoded_bits(codec, message)
+        return algorithm.payload(round_index)[0] * param_bits(params), uplink[key]
 
     observe = algorithm.observe
     if observe is not None and error_feedback:
