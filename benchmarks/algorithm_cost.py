@@ -83,7 +83,7 @@ class Cost(NamedTuple):
 def candidate(name: str, setup, data) -> tuple[callable, Cost]:
     """(a closure running one round of ``name`` (an algorithm or a row of EXTRA_ROWS), its
     Cost)."""
-    model = setup.build(fljax.models.default_conv_impl())
+    model = setup.build(fljax.models.DEFAULT_CONV_IMPL)
     if name == "moon":
         model = with_projection_head(model)
     if name == "fedem":

@@ -1,16 +1,16 @@
 """Every GPU row of the benchmarks, on synthetic data, in steps of under 10 minutes each.
 
-    python benchmarks/gpu.py [--smoke] [--out BENCHMARKS.md] [--only STEP]
+    python benchmarks/gpu.py [--smoke] [--out BENCHMARKS.md] [--only STEP] [--budget SECONDS]
 
-Steps (each its own process, killed after STEP_BUDGET seconds; its part of the report written as
-soon as it ends):
+Steps (each its own process, killed after STEP_BUDGET seconds or --budget; its part of the report
+written as soon as it ends):
   round_speed   round_speed.py's setups (a) and (b): fljax default, vmap all, sequential, limit;
   finish        the pfl-research CIFAR-10 setup (b) for its 1500 rounds: the time to finish;
   client_chunk  clients vmapped, sequential and in chunks (client_chunk 1, 5, 10, 25, 50) on (b);
   conv          per-client convolutions, XLA's (a grouped conv once vmapped) vs im2col, on (b);
   unroll        the lax.scan over local steps unrolled 1, 2, 5 (all) steps per iteration, on (b);
   dtype         bfloat16 compute with float32 parameters vs float32, on (b);
-  runs          R = 1 .. 512 digits-MLP FedAvg runs (own seed, split, lr) in one program.
+  runs          R = 1 .. 2048 digits-MLP FedAvg runs (own seed, split, lr) in one program.
 Rows are timed as in round_speed.py (``timing.round_robin``: one warm-up round, then the median
 of timed rounds taken round-robin). The report is the section ``GPU rows`` of --out; --only
 replaces one step's part and keeps the others. It needs a GPU; --smoke runs every step at a tiny
@@ -31,7 +31,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from fljax.models import ConvNet, Model, default_conv_impl, from_module
+from fljax.models import DEFAULT_CONV_IMPL, ConvNet, Model, from_module
 from round_speed import (NUM_CLASSES, SETUPS, Candidate, Row, Setup, default_chunk, disturbance,
                          federated, fljax_candidates, fljax_round, limit_candidate, measure,
                          synthetic_data, table, targets)
@@ -72,7 +72,7 @@ def smoke_setup(setup: Setup) -> Setup:
 
 
 FULL = Scale("full", SETUPS, timed_rounds=10, slow_rounds=2, chunks=(1, 5, 10, 25, 50),
-             finish_rounds=1500, budget=STEP_BUDGET, run_counts=(1, 8, 64, 512))
+             finish_rounds=1500, budget=STEP_BUDGET, run_counts=(1, 8, 64, 512, 2048))
 SMOKE = Scale("smoke", tuple(smoke_setup(s) for s in SETUPS), timed_rounds=1, slow_rounds=1,
               chunks=(1, 2, 4), finish_rounds=4, budget=SMOKE_BUDGET, run_counts=(1, 2))
 
@@ -138,11 +138,12 @@ def step_finish(scale: Scale) -> str:
     step's remaining budget, else that extrapolation."""
     started = time.perf_counter()
     setup = scale.setups[1]
-    run = fljax_round(setup, federated(setup, *synthetic_data(setup)), default_conv_impl(), None)
+    data = federated(setup, *synthetic_data(setup))
+    run = fljax_round(setup, data, DEFAULT_CONV_IMPL, None)
     first = time.perf_counter()
     run()
     first = time.perf_counter() - first
-    label = f"fljax defaults ({default_conv_impl()} conv, client_chunk={default_chunk(setup)})"
+    label = f"fljax defaults ({DEFAULT_CONV_IMPL} conv, client_chunk={default_chunk(setup)})"
     row = measure(setup, [Candidate(label, "fljax-default", run, scale.timed_rounds)])[0]
     rounds = scale.finish_rounds
     estimate = row.seconds * rounds
@@ -175,7 +176,7 @@ def step_finish(scale: Scale) -> str:
 
 def step_client_chunk(scale: Scale) -> str:
     """client_chunk c in ``scale.chunks`` on (b): c clients vmapped at a time, chunks scanned."""
-    setup, impl = scale.setups[1], default_conv_impl()
+    setup, impl = scale.setups[1], DEFAULT_CONV_IMPL
 
     def how(chunk: int) -> str:
         if chunk == 1:
@@ -190,21 +191,24 @@ def step_client_chunk(scale: Scale) -> str:
 
 
 def step_conv(scale: Scale) -> str:
-    """XLA's conv vs im2col on (b), all clients vmapped."""
-    setup, impl = scale.setups[1], default_conv_impl()
-    labels = {"xla": "xla conv (vmapped per-client weights: a grouped convolution)",
-              "im2col": "im2col conv (batched matmuls, fljax.models.layers.im2col_conv)"}
-    variants = [(label, conv == impl and setup.cohort == default_chunk(setup),
-                 lambda s, d, conv=conv: fljax_round(s, d, conv, s.cohort))
-                for conv, label in labels.items()]
-    return compare(scale, variants, f"Per-client convolutions with client_chunk = cohort "
-                                    f"({setup.cohort}); on GPU a vmapped conv over per-client "
-                                    "weights has a slow backward pass (jax issue 13800).")
+    """XLA's conv vs im2col on (b), clients one after another and all vmapped."""
+    setup, impl = scale.setups[1], DEFAULT_CONV_IMPL
+    labels = {"xla": "xla conv", "im2col": "im2col conv (batched matmuls)"}
+    ways = {1: "sequential", setup.cohort: "vmap all: per-client weights make XLA's a grouped conv"}
+    variants = [(f"{labels[conv]}, client_chunk={chunk} ({way})",
+                 conv == impl and chunk == default_chunk(setup),
+                 lambda s, d, conv=conv, chunk=chunk: fljax_round(s, d, conv, chunk))
+                for chunk, way in ways.items() for conv in labels]
+    return compare(scale, variants, "Per-client convolutions, XLA's native conv or im2col "
+                                    "(fljax.models.layers.im2col_conv), with the clients one after "
+                                    f"another and all {setup.cohort} vmapped; on GPU a vmapped conv "
+                                    "over per-client weights has a slow backward pass (jax issue "
+                                    "13800).")
 
 
 def step_unroll(scale: Scale) -> str:
     """make_round(unroll=u) on (b): u local steps per iteration of the scan over steps."""
-    setup, impl = scale.setups[1], default_conv_impl()
+    setup, impl = scale.setups[1], DEFAULT_CONV_IMPL
     steps = setup.steps_per_client
     variants = [(f"unroll={u}" + (" (all local steps)" if u == steps else ""), u == 1,
                  lambda s, d, u=u: fljax_round(s, d, impl, None, unroll=u))
@@ -215,7 +219,7 @@ def step_unroll(scale: Scale) -> str:
 
 def step_dtype(scale: Scale) -> str:
     """make_round(compute_dtype=bfloat16) vs float32 on (b)."""
-    impl = default_conv_impl()
+    impl = DEFAULT_CONV_IMPL
     variants = [("float32", True, lambda s, d: fljax_round(s, d, impl, None)),
                 ("bfloat16 compute, float32 parameters", False,
                  lambda s, d: fljax_round(s, d, impl, None, compute_dtype=jnp.bfloat16))]
@@ -286,11 +290,11 @@ HEADING = "GPU rows (`benchmarks/gpu.py`)"
 HEADER = f"""Every GPU comparison in one command, `python benchmarks/gpu.py` (`--only STEP` reruns
 one step and keeps the other parts), on synthetic data with FedAvg and plain local SGD (lr 0.05) as
 in round_speed.py, whose setups (a) and (b) these are. Each step runs in its own process, stopped
-after {STEP_BUDGET} s. Rows are timed as in round_speed.py: one warm-up round (which compiles),
-then the median of timed rounds taken round-robin over a step's rows, each waited for. In steps
-3-6, `[default]` marks what `make_round` does without the option, "ratio to default" is a row's
-time over that row's, and the limit is round_speed.py's: the same SGD steps in ONE jitted
-`lax.scan` with no FL logic.
+after {STEP_BUDGET} s (or `--budget`). Rows are timed as in round_speed.py: one warm-up round
+(which compiles), then the median of timed rounds taken round-robin over a step's rows, each waited
+for. In steps 3-6, `[default]` marks what `make_round` does without the option, "ratio to default"
+is a row's time over that row's, and the limit is round_speed.py's: the same SGD steps in ONE
+jitted `lax.scan` with no FL logic.
 """
 
 
@@ -311,7 +315,8 @@ def run_step(name: str, smoke: bool, budget: float) -> tuple[str, bool]:
             return f"Failed: {type(e).__name__}: {e}", False
     with tempfile.TemporaryDirectory() as folder:
         part = os.path.join(folder, "part.md")
-        command = [sys.executable, __file__, "--only", name, "--part", part]
+        command = [sys.executable, __file__, "--only", name, "--part", part, "--budget",
+                   str(budget)]
         try:
             done = subprocess.run(command + (["--smoke"] if smoke else []), timeout=budget)
         except subprocess.TimeoutExpired:
@@ -342,9 +347,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="every step at a tiny scale on any backend (needs --out)")
     parser.add_argument("--out", help="markdown report to write (default: BENCHMARKS.md)")
     parser.add_argument("--only", choices=list(STEPS), help="run this step alone")
+    parser.add_argument("--budget", type=float, help=f"seconds a step may run (default "
+                        f"{STEP_BUDGET}; {SMOKE_BUDGET} with --smoke)")
     parser.add_argument("--part", help=argparse.SUPPRESS)   # a child: write the step's part here
     args = parser.parse_args(argv)
     scale = SMOKE if args.smoke else FULL
+    if args.budget is not None:
+        if not 0 < args.budget <= STEP_BUDGET:
+            parser.exit(2, f"gpu.py: --budget {args.budget:g} is not allowed: a step may run "
+                           f"more than 0 and at most {STEP_BUDGET} seconds\n")
+        scale = scale._replace(budget=args.budget)
     if args.part:
         with open(args.part, "w") as f:
             f.write(STEPS[args.only][1](scale))

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 import fljax
-from fljax.models import default_conv_impl, make_model, num_params
+from fljax.models import DEFAULT_CONV_IMPL, make_model, num_params
 from round_speed import (NUM_CLASSES, SETUPS, TORCH_THREADS, Candidate, Row, Setup,
                          check_same_size, disturbance, fljax_round, measure, synthetic_data,
                          torch_data, torch_local_sgd, torch_model, torch_round, verdict)
@@ -229,7 +229,7 @@ def versions(peers: Peers, fedjax_info: dict | None) -> str:
 
 def fljax_params(setup: Setup) -> int:
     """The parameter count of the workload's fljax model."""
-    return num_params(setup.build(default_conv_impl()).init(jax.random.key(0)))
+    return num_params(setup.build(DEFAULT_CONV_IMPL).init(jax.random.key(0)))
 
 
 def check_params(setup: Setup, framework: str, count: int) -> None:
@@ -245,7 +245,7 @@ def candidates(workload: int, peers: Peers, rounds: int,
     setup = WORKLOADS[workload]
     x, y = synthetic_data(setup)
     data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
-    impl = default_conv_impl()
+    impl = DEFAULT_CONV_IMPL
     default_chunk = 1 if jax.default_backend() == "cpu" else setup.cohort
     conv = f", {impl} conv" if setup.channels else ""
     rows = [Candidate(f"fljax, make_round defaults (client_chunk={default_chunk}{conv})",

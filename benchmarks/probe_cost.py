@@ -49,7 +49,7 @@ def in_round_probes(params) -> dict[str, list]:
 
 def main() -> None:
     args, rounds, setup, data = cost_benchmark(__doc__.splitlines()[0], "row")
-    model = setup.build(fljax.models.default_conv_impl())
+    model = setup.build(fljax.models.DEFAULT_CONV_IMPL)
     algorithm = fljax.feddyn(fljax.local_sgd(LEARNING_RATE))
     params = model.init(jax.random.key(0))
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fljax
-from fljax.models import (ConvNet, Model, cross_entropy, default_conv_impl, from_module,
+from fljax.models import (DEFAULT_CONV_IMPL, ConvNet, Model, cross_entropy, from_module,
                           make_model, num_params)
 from timing import DISTURBED, machine, read_subsections, round_robin, write_subsections
 
@@ -224,7 +224,7 @@ def fljax_candidates(setup: Setup, data: fljax.FederatedData, timed_rounds: int,
     """fljax with client_chunk 1 and cohort (the backend's conv), the slow-conv row (timed for
     ``slow_rounds``), the limit."""
     backend = jax.default_backend()
-    impl = default_conv_impl()
+    impl = DEFAULT_CONV_IMPL
     variants = [(impl, 1, timed_rounds), (impl, setup.cohort, timed_rounds)]
     if setup.slow_conv_row and backend == "cpu":
         variants.append(("xla", 1, slow_rounds))
@@ -241,7 +241,7 @@ def fljax_candidates(setup: Setup, data: fljax.FederatedData, timed_rounds: int,
 
 def limit_candidate(setup: Setup, data: fljax.FederatedData, timed_rounds: int) -> Candidate:
     """The limit (``limit_round``) with the backend's default conv, as a row to time."""
-    impl = default_conv_impl()
+    impl = DEFAULT_CONV_IMPL
     steps = setup.cohort * setup.steps_per_client
     return Candidate(f"limit: one lax.scan of {steps} SGD steps ({impl} conv)", "limit",
                      limit_round(setup, data, impl), timed_rounds)
@@ -401,8 +401,8 @@ x batch size, divided by the round time.
   kernel=5))` (conv5x5-32, pool, conv5x5-64, pool, fc512, fc10).
 
 Rows: fljax with `client_chunk=1` (clients one after another in a `lax.scan`) and
-`client_chunk=cohort` (all clients side by side in a `vmap`), with the backend's default conv
-(im2col on CPU, XLA's native conv on GPU); `[default]` marks what `make_round` picks when
+`client_chunk=cohort` (all clients side by side in a `vmap`), with fljax's default conv (im2col, on
+every backend); `[default]` marks what `make_round` picks when
 `client_chunk` is not given. On CPU, (a) also runs XLA's native conv inside the scan (few rounds
 timed: it is the slow path of jax issue 12868). **limit**: the same number of gradient steps
 (clients x local steps, same model and batch size) in ONE jitted `lax.scan` of plain SGD with no FL

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 import fljax
-from fljax.models import default_conv_impl
+from fljax.models import DEFAULT_CONV_IMPL
 from round_speed import (NUM_CLASSES, SETUPS, fljax_round_fn, initial_state, limit_round,
                          runner, synthetic_data, torch_round)
 from timing import DISTURBED, machine, round_robin, write_section
@@ -59,7 +59,7 @@ def child(rounds: int, params_out: str) -> None:
     setup = SETUPS[0]
     x, y = synthetic_data(setup)
     data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
-    impl = default_conv_impl()
+    impl = DEFAULT_CONV_IMPL
     round_fn = fljax_round_fn(setup, data, impl, None)
     state = initial_state(round_fn)
     for _ in range(2):

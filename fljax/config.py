@@ -98,7 +98,7 @@ class ExperimentConfig:
                              "e.g. 'Dense_2') that keep their own initialization instead, e.g. a "
                              "classifier whose number of classes differs")
     conv_impl: str | None = option(None, "model", f"convolution: {' or '.join(CONV_IMPLS)}; "
-                                   "unset: im2col on CPU (fast inside a scan), xla elsewhere")
+                                   "unset: im2col (the faster on CPU and GPU: BENCHMARKS.md)")
     algorithm: str = option("fedavg", "algorithm", "the federated algorithm (`fljax algorithms` "
                             "lists them with their hyperparameters)")
     algorithm_args: str = option("{}", "algorithm", "its hyperparameters, a JSON object, e.g. "

@@ -54,9 +54,11 @@ def conv_function(impl: str):
     return im2col_conv if impl == "im2col" else lax.conv_general_dilated
 
 
-def default_conv_impl() -> str:
-    """im2col on CPU (XLA's CPU conv is slow inside scan), XLA's native conv on GPU/TPU."""
-    return "im2col" if jax.default_backend() == "cpu" else "xla"
+# im2col on every backend: XLA's CPU conv is slow inside scan (jax issue 12868), and on an H100 a
+# round of the pfl-research CIFAR-10 CNN ran 1.1x (clients sequential) to 2x (clients vmapped, where
+# XLA's becomes a grouped conv with a slow backward, jax issue 13800) faster with im2col
+# (BENCHMARKS.md, GPU rows, step 4).
+DEFAULT_CONV_IMPL = "im2col"
 
 
 def max_pool(x, window: int = 2, stride: int | None = None, padding: int = 0):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax.errors import FljaxError
-from fljax.models.layers import (BatchNorm, conv, conv1d, default_conv_impl, dense, max_pool,
+from fljax.models.layers import (DEFAULT_CONV_IMPL, BatchNorm, conv, conv1d, dense, max_pool,
                                  torch_bias_init)
 from fljax.models.model import Model, from_module, input_spec_of
 from fljax.models.resnet import cifar_resnet, torchvision_resnet
@@ -221,5 +221,5 @@ def make_model(name: str, input_shape, num_classes: int,
                              f"'mlp' for small inputs such as digits")
         raise FljaxError(f"model {name!r} needs signals [L, C] of length at least {least[0]}, "
                          f"got {tuple(input_shape)}")
-    module = build(num_classes, conv_impl or default_conv_impl())
+    module = build(num_classes, conv_impl or DEFAULT_CONV_IMPL)
     return from_module(name, module, tuple(input_shape), num_classes)
