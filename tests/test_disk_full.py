@@ -57,13 +57,16 @@ def test_a_full_disk_is_one_line_loses_nothing_and_the_resume_is_bit_identical(
     run_dir = str(tmp_path / "run")
     assert main(RUN + ["--rounds", "4", "--out-dir", run_dir]) == 0   # checkpoints 2 and 4
     before_files, before_records = snapshot(run_dir)
-    # checkpoint: a limit 1 kB under the largest file of checkpoint 4 (orbax splits the array
-    # data into files of varying size), which checkpoint 6 writes again; log: metrics.jsonl
-    # (~2.5 kB) outgrows the kilobyte it started in (config.json, 1.2 kB, fits)
-    largest = max(os.path.getsize(os.path.join(root, name))
-                  for root, _, names in os.walk(os.path.join(run_dir, "checkpoints", "4"))
-                  for name in names)
-    size = largest // 1024 - 1 if full == "checkpoint" else 1 + os.path.getsize(
+    config = ExperimentConfig().replace(rounds=6, checkpoint_every=2, eval_every=1,
+                                        num_clients=10, clients_per_round=4, local_epochs=1)
+    # checkpoint: a limit of half the state's largest array, which checkpoint 6 writes whole into
+    # one file (orbax packs whole arrays into its data files, however it groups them); every
+    # other file stays far below it. log: metrics.jsonl (~2.5 kB) outgrows the kilobyte it
+    # started in (config.json, 1.5 kB, fits)
+    largest = max(leaf.nbytes for leaf in jax.tree.leaves(
+        final_state(run_dir, config.replace(out_dir=run_dir))))
+    assert largest > 64 * 1024, largest        # far above the log's and the metadata's files
+    size = largest // 2048 if full == "checkpoint" else 1 + os.path.getsize(
         os.path.join(run_dir, "metrics.jsonl")) // 1024
     done = limited_run(run_dir, 6, size)
     err = done.stderr.splitlines()
@@ -76,8 +79,6 @@ def test_a_full_disk_is_one_line_loses_nothing_and_the_resume_is_bit_identical(
     assert logged[:len(before_records)] == before_records      # every committed record intact
     assert Checkpoints(run_dir).latest_round() == 4
     assert main(RUN + ["--rounds", "6", "--out-dir", run_dir]) == 0       # room again
-    config = ExperimentConfig().replace(rounds=6, checkpoint_every=2, eval_every=1,
-                                        num_clients=10, clients_per_round=4, local_epochs=1)
     want = final_state(uninterrupted, config.replace(out_dir=uninterrupted))
     got = final_state(run_dir, config.replace(out_dir=run_dir))
     assert all((a == b).all() for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
