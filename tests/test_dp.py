@@ -20,6 +20,7 @@ from dp_accounting import rdp
 
 from fljax import FljaxError, algorithms, privacy
 from fljax.algorithms.dp import update_noise_multiplier
+from fljax.cli import main
 from fljax.cohort import server_key
 from fljax.data.federated import federate
 from fljax.engine import init_state, make_round
@@ -343,8 +344,9 @@ def test_cli_dp_run_reports_epsilon_and_resumes_bit_identically(tmp_path):
     (["--wrappers", '{"dp": {"clip_norm": 0.5, "noise_multiplier": 1.0}}', "--algorithm",
       "scaffold"], "dp cannot privatize scaffold"),
 ])
-def test_cli_bad_dp_input_is_one_line_exit_2(tmp_path, flags, message):
-    done = cli("--rounds", "2", "--out-dir", str(tmp_path / "run"), *flags, cwd=tmp_path)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+def test_cli_bad_dp_input_is_one_line_exit_2(tmp_path, flags, message, capsys):
+    code = main(["--rounds", "2", "--out-dir", str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and message in lines[0], err
