@@ -16,8 +16,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from fractions import Fraction
 
 import jax
@@ -30,6 +28,7 @@ import fljax
 from fljax import FljaxError, algorithms, grouping
 from fljax.accounting import client_bits
 from fljax.algorithms.compress import encode_message
+from fljax.cli import main
 from fljax.cohort import client_keys, message_keys, round_key
 from fljax.compression import make, qsgd, random_k, rotated_uniform, scaled_sign, top_k
 from fljax.compression.rotation import walsh_hadamard
@@ -660,17 +659,13 @@ def test_make_builds_each_compressor_by_name():
     assert make("rotated_uniform", bits=1).unbiased and not make("scaled_sign").unbiased
 
 
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "fljax", *args], cwd=cwd, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-
-
-def test_cli_bad_compression_is_one_line_exit_2(tmp_path):
-    done = cli("--rounds", "2", "--out-dir", str(tmp_path / "run"), "--wrappers",
-               '{"compress": {"compressor": "nope"}}', cwd=tmp_path)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown compressor 'nope'" in lines[0], done.stderr
+def test_cli_bad_compression_is_one_line_exit_2(tmp_path, capsys):
+    code = main(["--rounds", "2", "--out-dir", str(tmp_path / "run"), "--wrappers",
+                 '{"compress": {"compressor": "nope"}}'])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and "unknown compressor 'nope'" in lines[0], err
     assert not (tmp_path / "run").exists()                  # refused before anything is written
 
 
