@@ -16,6 +16,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from tests.xla_build import FLAG
+
 SHARDED = textwrap.dedent("""
 import os, tempfile
 import jax, numpy as np
@@ -80,7 +82,9 @@ def _run(script, env):
 
 
 def _cpu_env(**more):
+    """The test process's environment for a CPU child, its XLA flags ``more``'s and the tests'."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    more["XLA_FLAGS"] = f"{more.get('XLA_FLAGS', '')} {FLAG}".strip()
     return {**env, "JAX_PLATFORMS": "cpu", **more}
 
 
