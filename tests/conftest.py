@@ -19,10 +19,9 @@ users run: ``in_default_build`` checks it in a child process with XLA's default 
 import os
 import tempfile
 
-from tests.xla_build import FLAG
+from tests.xla_build import xla_flags
 
-if FLAG not in os.environ.get("XLA_FLAGS", ""):     # before jax starts its backend
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FLAG}".strip()
+os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""))   # before jax starts
 
 import jax  # noqa: E402
 

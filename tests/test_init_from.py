@@ -16,7 +16,7 @@ from fljax.cli import main
 from fljax.config import ExperimentConfig
 from fljax.experiment import batch_memory, build, build_batch
 from fljax.train import run, run_many
-from tests.xla_build import FLAG
+from tests.xla_build import xla_flags
 
 BASE = dict(rounds=2, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,
             local_epochs=1)
@@ -109,7 +109,7 @@ def test_cli_seeds_from_saved_params_spread_over_two_devices(source, tmp_path):
     must not pin (the params themselves: test_a_batch_of_runs_starts_from_the_saved_params)."""
     config, _ = source
     out = tmp_path / "seeds"
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FLAG}"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
     done = subprocess.run(
         [sys.executable, "-m", "fljax", "--init-from", config.out_dir, "--seeds", "5-6",
          "--rounds", "1", "--eval-every", "1", "--num-clients", "10", "--clients-per-round", "4",

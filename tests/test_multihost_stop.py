@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 
 from fljax.multihost import STOPPED_AFTER
 from tests.test_resume import records
-from tests.xla_build import FLAG
+from tests.xla_build import xla_flags
 
 FLAGS = ["--rounds", "8", "--checkpoint-every", "2", "--eval-every", "4", "--quiet",
          "--num-clients", "8", "--clients-per-round", "4", "--local-steps", "300",
@@ -32,7 +32,7 @@ def free_port() -> int:
 def launch(out_dir: str) -> list[subprocess.Popen]:
     """Both processes of the run (each with 2 CPU devices), started together."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2", XLA_FLAGS=FLAG)
+    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2", XLA_FLAGS=xla_flags())
     address = f"localhost:{free_port()}"
     return [subprocess.Popen([sys.executable, "-m", "fljax", *FLAGS, "--coordinator-address",
                               address, "--process-id", str(i), "--out-dir", out_dir],

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from tests.xla_build import FLAG
+from tests.xla_build import xla_flags
 
 SHARDED = textwrap.dedent("""
 import os, tempfile
@@ -84,7 +84,7 @@ def _run(script, env):
 def _cpu_env(**more):
     """The test process's environment for a CPU child, its XLA flags ``more``'s and the tests'."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    more["XLA_FLAGS"] = f"{more.get('XLA_FLAGS', '')} {FLAG}".strip()
+    more["XLA_FLAGS"] = xla_flags(more.get("XLA_FLAGS", ""))
     return {**env, "JAX_PLATFORMS": "cpu", **more}
 
 
