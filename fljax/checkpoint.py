@@ -95,18 +95,22 @@ class Checkpoints:
         return dict(restored.config)
 
     def restore(self, round_index: int, like: Any, config: dict[str, Any],
-                defaults: dict[str, Any] | None = None) -> Any:
+                defaults: dict[str, Any] | None = None, derived: tuple[str, ...] = ()) -> Any:
         """The state saved at ``round_index``, checked against this experiment first.
 
         ``like`` is a pytree of arrays or ShapeDtypeStructs with the expected structure; each
         array is read straight into ``like``'s sharding (a state sharded over devices and
         processes is never gathered). ``defaults`` are the values of config fields newer than the
-        checkpoint. Raises FljaxError for another experiment's checkpoint, Damaged for one that
-        cannot be read.
+        checkpoint. ``derived``: fields of ``like`` (a NamedTuple) that the config determines,
+        whose layout may differ from the saved one (``RoundState.hparams`` holds only the values
+        that differed among the runs the checkpoint's program trained): read as saved, then
+        replaced by ``like``'s. Raises FljaxError for another experiment's checkpoint, Damaged
+        for one that cannot be read.
         """
         check_same_experiment(self.saved_config(round_index), config, self.directory, defaults)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
             a.shape, a.dtype, sharding=getattr(a, "sharding", None)), like)
+        abstract = self._as_saved(round_index, abstract, derived)
         _ignore_abandoned_reads()
         error = None
         for older in (abstract, *_without_new_empty_fields(abstract)):
@@ -117,14 +121,34 @@ class Checkpoints:
             except Exception as e:
                 error = error or e
                 continue
-            return type(like)(*restored.state, *like[len(older):]) if older is not abstract \
+            state = type(like)(*restored.state, *like[len(older):]) if older is not abstract \
                 else restored.state
+            return state._replace(**{name: getattr(like, name) for name in derived}) if derived \
+                else state
         raise Damaged(round_index, f"checkpoint {round_index} in {self.directory!r} is damaged "
                       f"or was written by another version of fljax: its state cannot be read "
                       f"({_first_line(error)})") from None
 
+    def _as_saved(self, round_index: int, abstract: Any, derived: tuple[str, ...]) -> Any:
+        """``abstract`` with each ``derived`` field laid out as checkpoint ``round_index`` saved
+        it (shapes and dtypes from its metadata, ``abstract.round``'s sharding); unchanged where
+        the metadata cannot be read or lacks the field (the restore then says why)."""
+        if not derived:
+            return abstract
+        try:
+            with _quiet():
+                saved = ocp.StandardCheckpointer().metadata(
+                    os.path.join(self.directory, str(round_index), "state")).item_metadata.tree
+        except Exception:  # orbax raises many kinds; the restore then says what is wrong
+            return abstract
+        sharding = getattr(abstract.round, "sharding", None)
+        return abstract._replace(**{name: jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding),
+            saved[name]) for name in derived if name in saved})
+
     def restore_latest(self, like: Any, config: dict[str, Any],
-                       defaults: dict[str, Any] | None = None) -> tuple[int | None, Any, list]:
+                       defaults: dict[str, Any] | None = None,
+                       derived: tuple[str, ...] = ()) -> tuple[int | None, Any, list]:
         """``(round, state, damaged)``: the newest checkpoint that restores (see :meth:`restore`)
         and the Damaged errors of the newer ones; ``(None, None, [])`` without checkpoints.
 
@@ -135,7 +159,8 @@ class Checkpoints:
             rounds = sorted(self._manager.all_steps(), reverse=True)
         for round_index in rounds:
             try:
-                return round_index, self.restore(round_index, like, config, defaults), damaged
+                return round_index, self.restore(round_index, like, config, defaults,
+                                                  derived), damaged
             except Damaged as e:
                 damaged.append(e)
         if damaged:

@@ -138,7 +138,8 @@ class RunRecord:
         config.json. A damaged newer checkpoint is set aside with a warning."""
         config, checkpoints = self.config, self.checkpoints
         saved_round, saved_state, damaged = checkpoints.restore_latest(
-            initial, config.to_dict(), defaults=ExperimentConfig().to_dict())
+            initial, config.to_dict(), defaults=ExperimentConfig().to_dict(),
+            derived=("hparams",))      # whichever runs shared the program that saved it
         self.log = self._closing.enter_context(contextlib.closing(  # reads, then rewrites it
             (RunLog if self._primary else SilentLog)(config.out_dir, saved_round)))
         for error in damaged if self._primary else ():

@@ -114,3 +114,23 @@ def test_cells_share_a_program_when_they_differ_in_traced_values_and_data(tmp_pa
         grouping.structure(switched) != grouping.structure(switched.replace(switch_lr=None))
     sharded = base.replace(num_devices=2)
     assert grouping.structure(sharded) != grouping.structure(sharded.replace(seed=5))
+
+
+def test_a_run_resumes_whatever_runs_shared_its_program(tmp_path):
+    """A checkpoint holds the run's traced values as its program had them (only those that
+    differed among its runs): the run resumes in a program of other runs, and alone, exactly
+    as the same run trained straight through alone."""
+    spec = {**SPEC, "seeds": [0], "compare": [], "columns": {
+        name: SPEC["columns"][name] for name in ("FedProx", "FedProx mu 0.1")}}
+    path, out = tmp_path / "tiny.json", tmp_path / "sweep"
+    path.write_text(json.dumps(spec))
+    assert main(["sweep", str(path), "--out-dir", str(out), "--quiet"]) == 0   # mu and lr traced
+    assert main(["sweep", str(path), "--out-dir", str(out), "--quiet", "--columns", "FedProx",
+                 "--set", "rounds=6"]) == 0                                      # lr alone
+    cell = next(c for c in sweep.cells(spec, None, str(out))
+                if c.column == "FedProx" and c.config.lr == 0.2)
+    run(cell.config.replace(rounds=8), progress=False)                          # nothing traced
+    straight = cell.config.replace(rounds=8, out_dir=str(tmp_path / "alone"))
+    run(straight, progress=False)
+    assert without_time(records(cell.config.out_dir)) == without_time(records(straight.out_dir))
+    assert [r["round"] for r in records(straight.out_dir) if r["kind"] == "eval"] == [2, 4, 6, 8]
