@@ -232,7 +232,9 @@ def _sweep(argv: list[str]) -> int:
     parser.add_argument("file")
     parser.add_argument("--scale", help="one of the file's scales (e.g. cpu, full)")
     parser.add_argument("--out-dir", help="where the runs go (default: runs/FILE_NAME)")
-    parser.add_argument("--seeds", type=int, nargs="+", help="instead of the file's seeds")
+    parser.add_argument("--seeds", nargs="+", metavar="SEEDS",
+                        help="instead of the file's seeds: integers and ranges (e.g. 0-19, or "
+                             "0 3 5)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value in every run (JSON value), e.g. "
                              "--set rounds=3 --set dataset=cifar100")
@@ -251,7 +253,8 @@ def _sweep(argv: list[str]) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     changes = sweep.parse_settings(args.set)
     spec = sweep.restrict(spec, args.rows, args.columns)
-    cell_list = sweep.cells(spec, args.scale, out_dir, args.seeds, **changes)
+    seeds = None if args.seeds is None else sweep.parse_seeds(",".join(args.seeds))
+    cell_list = sweep.cells(spec, args.scale, out_dir, seeds, **changes)
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:

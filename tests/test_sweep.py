@@ -203,6 +203,15 @@ GRID_SPEC = {"title": "t", "base": {"rounds": 2, "validation_fraction": 0.2},
              "seeds": [0, 1, 2], "compare": [["P", "A"]]}
 
 
+def test_sweep_seeds_take_ranges_and_a_bad_list_is_one_line(tmp_path, capsys):
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(GRID_SPEC))
+    for seeds, shown in ((["2-1"], "2-1"), (["0-2", "2"], "0-2,2"), (["a"], "a")):
+        assert main(["sweep", str(path), "--out-dir", str(tmp_path), "--seeds", *seeds]) == 2
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line and f"got {shown!r}" in line and "--seeds" in line, line
+
+
 def test_grids_expand_into_runs_with_their_settings(tmp_path):
     cells = sweep.cells(GRID_SPEC, None, str(tmp_path))
     assert len(cells) == (2 + 2) * 3
