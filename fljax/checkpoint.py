@@ -136,8 +136,8 @@ class Checkpoints:
         if not derived:
             return abstract
         try:
-            with _quiet(), ocp.StandardCheckpointer() as checkpointer:
-                saved = checkpointer.metadata(
+            with _quiet():
+                saved = ocp.StandardCheckpointer().metadata(
                     os.path.join(self.directory, str(round_index), "state")).item_metadata.tree
         except Exception:  # orbax raises many kinds; the restore then says what is wrong
             return abstract
