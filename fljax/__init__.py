@@ -8,20 +8,22 @@ Every algorithm and wrapper is a top-level name, as optax exposes its transforms
     round_fn = fljax.make_round(algorithm, model, data, clients_per_round=10, batch_size=50,
                                 local_epochs=5)
 
+Your own algorithm, model, dataset or probe enters every tool (the CLI, config and sweep files,
+grids, batched runs) by import path (``--algorithm mylab.methods:fedfoo``) or by name after
+``fljax.register_algorithm("fedfoo", fedfoo)`` (``help(fljax.registry)``).
+
 ``help(fljax.Algorithm)`` explains the algorithm interface (write your own in a few lines),
 ``help(fljax.make_round)`` the round, ``help(fljax.probes)`` the in-round measurements.
 """
 
 import importlib
 
+from fljax.registry import BUILTIN_ALGORITHMS, BUILTIN_WRAPPERS
+
 __version__ = "0.1.0"
 
-ALGORITHM_NAMES = ["ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm", "feddecay",
-                   "feddecorr", "feddyn", "fedem", "fedexp", "fedga", "fedinit", "fednova",
-                   "fedntd", "fedpaq", "fedprox", "fedsam", "fedsgd", "fedyogi", "fomaml",
-                   "gradalign", "lbsgd", "moon", "pfedme", "reptile", "scaffold"]
-WRAPPER_NAMES = ["compress", "dp", "fedbn", "gradual_unfreezing", "local_decay", "local_layers",
-                 "relaxed_init", "switch"]
+ALGORITHM_NAMES = sorted(BUILTIN_ALGORITHMS)
+WRAPPER_NAMES = sorted([*BUILTIN_WRAPPERS, "local_layers", "switch"])
 
 # Where each public name lives. They are imported on first use (PEP 562), so ``import fljax`` and
 # the CLI start in milliseconds and Ctrl-C during the heavy imports (jax, orbax) is the CLI's.
@@ -35,12 +37,14 @@ _HOMES = {
     "fljax.evaluate": ["make_evaluator"],
     "fljax.experiment": ["Experiment", "build"],
     "fljax.models": ["Model", "from_module", "make_model", "mixture"],
+    "fljax.registry": ["declare", "register_algorithm", "register_dataset", "register_model",
+                       "register_probe", "unregister"],
     "fljax.sweep": ["grid_table", "run_grid"],
     "fljax.train": ["results_table", "run", "run_many"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 _SUBMODULES = ("accounting", "algorithms", "data", "experiment", "hyperparams", "models",
-               "privacy", "probes", "runs", "sweep", "train")
+               "privacy", "probes", "registry", "runs", "sweep", "train")
 
 __all__ = sorted(_HOME) + ["probes"]
 

@@ -28,7 +28,8 @@ from fljax.errors import RESUME, SPACE, FljaxError, os_reason
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
                                "keep_checkpoints", "client_chunk", "unroll", "num_devices",
                                "target_accuracy", "coordinator_address", "num_processes",
-                               "process_id"})
+                               "process_id",
+                               "imports"})   # where registered names came from (config.record)
 
 
 class Damaged(FljaxError):

@@ -62,7 +62,8 @@ def _run_parser() -> argparse.ArgumentParser:
         prog="fljax", description="Run one federated experiment; the same command again resumes "
         "it. Other commands: fljax algorithms [NAME] (the algorithms and their hyperparameters), "
         "fljax plot --help, fljax sweep --help.",
-        epilog=f"algorithms: {', '.join(ALGORITHMS)}")
+        epilog=f"algorithms: {', '.join(ALGORITHMS)}; or your own, by import path "
+               f"(--algorithm package.module:factory) or registered (fljax.register_algorithm)")
     parser.add_argument("--config", metavar="FILE",
                         help="JSON file of config values, keyed by the flag names with _ "
                              "for - (clients_per_round); flags override it")
@@ -104,6 +105,7 @@ def _shown(value) -> str:
 
 def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namespace]:
     from fljax.config import ExperimentConfig, load_config
+    from fljax.train import import_recorded
 
     args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
@@ -115,6 +117,8 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
         given["local_steps"] = None
     config = load_config(args.config, **given) if args.config else ExperimentConfig().replace(
         **given)
+    grid = args.seeds is not None or bool(args.set)
+    import_recorded(config.out_dir, depth=2 if grid else 0)   # a resume of registered names
     return config.validate(), args
 
 
@@ -124,14 +128,15 @@ def _algorithms(argv: list[str]) -> int:
     import inspect
     import textwrap
 
-    from fljax import algorithms
-    from fljax.config import ALGORITHMS, WRAPPERS
+    from fljax import registry
     from fljax.arguments import settable
 
     parser = _Parser(prog="fljax algorithms", description="List the algorithms and wrappers with "
                      "their hyperparameters, or show one's update rule and hyperparameters.")
-    parser.add_argument("name", nargs="?", help="an algorithm or wrapper")
+    parser.add_argument("name", nargs="?", help="an algorithm or wrapper (a registered name or "
+                        "an import path 'module:factory' too)")
     name = parser.parse_args(argv).name
+    kind_of = {n: kind for kind in ("algorithm", "wrapper") for n in registry.names(kind)}
 
     def setting(p: inspect.Parameter) -> str:
         return f"{p.name} (required)" if p.default is p.empty else \
@@ -139,14 +144,19 @@ def _algorithms(argv: list[str]) -> int:
 
     if name is None:
         for title, names in ((f"Algorithms: fljax --algorithm NAME --algorithm-args "
-                              f"'{{\"KEY\": VALUE}}'", ALGORITHMS),
+                              f"'{{\"KEY\": VALUE}}'", registry.names("algorithm")),
                              (f"Wrappers over any algorithm: fljax --wrappers "
-                              f"'{{\"NAME\": {{\"KEY\": VALUE}}}}'", WRAPPERS)):
+                              f"'{{\"NAME\": {{\"KEY\": VALUE}}}}'", registry.names("wrapper"))):
             print(title)
             for each in names:
-                doc = inspect.getdoc(getattr(algorithms, each)).split("\n\n")[0]
-                lines = [" ".join(doc.split()), ", ".join(map(setting, settable(each, getattr(algorithms, each))))
+                factory = registry.lookup(kind_of[each], each)
+                doc = (inspect.getdoc(factory) or "(no docstring)").split("\n\n")[0]
+                lines = [" ".join(doc.split()), ", ".join(map(setting, settable(each, factory)))
                          or "(no hyperparameters)"]
+                declared = registry.declared(factory)
+                if declared:
+                    lines.append("its paper's settings, used unless set: " + ", ".join(
+                        f"--{k} {v}" for k, v in declared.items()))
                 print(f"  {each}")
                 for line in lines:
                     print(textwrap.fill(line, 100, initial_indent=" " * 6,
@@ -156,14 +166,19 @@ def _algorithms(argv: list[str]) -> int:
               "--server-lr and\n--server-optimizer are flags. fljax algorithms NAME: the update "
               "rule and hyperparameters of NAME.")
         return 0
-    if name not in ALGORITHMS + WRAPPERS:
-        raise FljaxError(f"unknown algorithm or wrapper {name!r}; choose one of "
-                         f"{list(ALGORITHMS + WRAPPERS)}")
-    factory = getattr(algorithms, name)
+    kind = kind_of.get(name, "algorithm")
+    factory = registry.lookup(kind, name, known=registry.names("wrapper"))
     settings = settable(name, factory)
-    flag = "--algorithm-args" if name in ALGORITHMS else f"--wrappers '{{\"{name}\": {{...}}}}'"
-    print(f"{name}: {sys.modules[factory.__module__].__doc__.strip()}\n")
-    print(f"fljax.algorithms.{name}: {inspect.getdoc(factory)}\n")
+    flag = "--algorithm-args" if kind == "algorithm" else f"--wrappers '{{\"{name}\": {{...}}}}'"
+    module_doc = inspect.getdoc(sys.modules[factory.__module__])
+    if module_doc and factory.__module__.startswith("fljax."):   # one module per algorithm
+        print(f"{name}: {module_doc}\n")
+    print(f"{registry.path_of(factory)}: {inspect.getdoc(factory) or '(no docstring)'}\n")
+    declared = registry.declared(factory)
+    if kind == "algorithm":
+        print("Its paper's settings, used where you set none: " + (", ".join(
+            f"--{k} {v}" for k, v in declared.items()) if declared else
+            "none declared (--aggregation examples)") + "\n")
     print(f"Hyperparameters ({flag}):" if settings else "No hyperparameters: the flags set it all.")
     for p in settings:
         kind = "" if p.annotation is p.empty else f": {p.annotation}"
@@ -223,7 +238,7 @@ def _sweep(argv: list[str]) -> int:
     import jax
 
     from fljax import sweep
-    from fljax.train import RunInterrupted, write_file
+    from fljax.train import RunInterrupted, import_recorded, write_file
 
     parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep file (rows x "
                      "columns x seeds; see fljax/sweep.py) and write its table of final test "
@@ -254,6 +269,7 @@ def _sweep(argv: list[str]) -> int:
     changes = sweep.parse_settings(args.set)
     spec = sweep.restrict(spec, args.rows, args.columns)
     seeds = None if args.seeds is None else sweep.parse_seeds(",".join(args.seeds))
+    import_recorded(out_dir, depth=4)       # its runs' registered names, for a resume
     cell_list = sweep.cells(spec, args.scale, out_dir, seeds, **changes)
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
@@ -296,11 +312,24 @@ def _run(argv: list[str]) -> int:
     if not is_primary():
         return 0                  # process 0 of a multi-process run prints the results
     with _ctrl_c_exits("interrupted after the run finished; everything is saved"):
-        print(results_table(evaluations, f"{config.algorithm} on {config.dataset}, "
+        print(results_table(evaluations, f"{config.algorithm} ({aggregation_said(config)}) on "
+                            f"{config.dataset}, "
                             f"{config.partition} split over {config.num_clients} clients, "
                             f"{config.clients_per_round} per round; log: "
                             f"{config.out_dir}/metrics.jsonl", config.target_accuracy))
     return 0
+
+
+def aggregation_said(config) -> str:
+    """What aggregation ran, and why: 'uniform aggregation, its paper's' when the algorithm's
+    declaration chose it, 'examples aggregation' when it was set or is the default."""
+    from fljax import registry
+
+    ran = config.resolved().aggregation
+    if config.aggregation is None and registry.declared(
+            registry.lookup("algorithm", config.algorithm)).get("aggregation") == ran:
+        return f"{ran} aggregation, its paper's"
+    return f"{ran} aggregation"
 
 
 def _grid(config, args) -> int:
@@ -317,7 +346,8 @@ def _grid(config, args) -> int:
         print(f"fljax: {e}", file=sys.stderr)
         return 130
     with _ctrl_c_exits("interrupted after the runs finished; everything is saved"):
-        text = (f"{config.algorithm} on {config.dataset}, {len(seeds)} seed(s) per setting; "
+        text = (f"{config.algorithm} ({aggregation_said(config)}) on {config.dataset}, "
+                f"{len(seeds)} seed(s) per setting; "
                 f"runs in {config.out_dir}\n\n" + sweep.grid_table(results))
         write_file(os.path.join(config.out_dir, "results.md"), text + "\n")
         print(text)

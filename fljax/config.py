@@ -12,29 +12,25 @@ from typing import Any, Callable, NamedTuple
 
 import optax
 
-from fljax import algorithms
+from fljax import registry
 from fljax.arguments import check_kwargs, settable
 from fljax.asynchronous import Asynchrony, check_asynchrony
 from fljax.clock import Clock, make_clock
 from fljax.data.augment import AUGMENTATIONS
-from fljax.engine import PARTICIPATIONS
+from fljax.engine import AGGREGATIONS, PARTICIPATIONS
 from fljax.data.users import held_out
 from fljax.errors import FljaxError
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 from fljax.privacy import ACCOUNTANTS, accountant, calibrate, default_delta, epsilon
-from fljax.probes import PROBES
 from fljax.stragglers import Deadline, check_deadline
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
-ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "fedavgm", "fedadam", "fedyogi",
-              "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon", "fedntd", "feddecorr",
-              "fedinit", "fedga", "gradalign", "lbsgd", "feddecay", "fomaml", "reptile", "ditto",
-              "pfedme", "fedem", "fedpaq")
+ALGORITHMS = registry.BUILTIN_ALGORITHMS   # fljax's own; a user's enter by fljax.registry
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI),
 # FedBN, uplink compression, user-level DP (outermost: it privatizes what the others send, and
 # clips what compress encodes).
-WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "compress", "dp")
+WRAPPERS = registry.BUILTIN_WRAPPERS
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.
 GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "time",
@@ -87,7 +83,9 @@ class ExperimentConfig:
     augment: str = option("none", "data", "augmentation of the training batches: none, "
                           "flip_crop (the FedDyn code's CIFAR flip + pad-4 crop) or flip (flips "
                           "only: FedBug on Tiny-ImageNet)")
-    model: str = option("mlp", "model", f"one of {', '.join(MODEL_NAMES)}")
+    model: str = option("mlp", "model", f"one of {', '.join(MODEL_NAMES)}; or your own: an "
+                        "import path 'package.module:factory' or a name given to "
+                        "fljax.register_model")
     pretrained: str | None = option(None, "model", "a local pretrained checkpoint the model "
                                     "starts from: BERT weights (.npz of HuggingFace names) for "
                                     "model bert_tiny")
@@ -100,7 +98,9 @@ class ExperimentConfig:
     conv_impl: str | None = option(None, "model", f"convolution: {' or '.join(CONV_IMPLS)}; "
                                    "unset: im2col (the faster on CPU and GPU: BENCHMARKS.md)")
     algorithm: str = option("fedavg", "algorithm", "the federated algorithm (`fljax algorithms` "
-                            "lists them with their hyperparameters)")
+                            "lists them with their hyperparameters); or your own: an import "
+                            "path 'package.module:factory' or a name given to "
+                            "fljax.register_algorithm")
     algorithm_args: str = option("{}", "algorithm", "its hyperparameters, a JSON object, e.g. "
                                  "'{\"alpha\": 0.1}' for feddyn")
     switch_to: str | None = option(None, "algorithm", "continue with this algorithm from round "
@@ -138,8 +138,10 @@ class ExperimentConfig:
     weight_decay: float = option(0.0, "local training", "local SGD weight decay")
     clip_norm: float | None = option(None, "local training", "clip each local gradient to this "
                                      "norm; unset: no clipping")
-    aggregation: str = option("examples", "server", "weights of the clients' updates: examples "
-                              "(by their number of examples) or uniform")
+    aggregation: str | None = option(None, "server", "weights of the clients' updates: examples "
+                                     "(by their number of examples) or uniform; unset: the "
+                                     "algorithm's paper's (`fljax algorithms NAME` says which; "
+                                     "examples where it declares none)")
     rounds: int = option(200, "server", "communication rounds")
     clients_per_round: int = option(10, "server", "clients per round (with --participation "
                                     "bernoulli: the expected number)")
@@ -280,9 +282,11 @@ class ExperimentConfig:
             raise FljaxError(f"conv_impl must be one of {CONV_IMPLS} or unset, got "
                              f"{self.conv_impl!r}")
         if self.model not in MODEL_NAMES:
-            raise FljaxError(f"unknown model {self.model!r}; choose one of {MODEL_NAMES}")
-        if self.algorithm not in ALGORITHMS:
-            raise FljaxError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+            registry.lookup("model", self.model, known=MODEL_NAMES)
+        registry.lookup("algorithm", self.algorithm)
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise FljaxError(f"aggregation must be one of {AGGREGATIONS} or unset (the "
+                             f"algorithm's paper's), got {self.aggregation!r}")
         if self.clients_per_round > self.num_clients:
             raise FljaxError(f"clients_per_round ({self.clients_per_round}) must be <= "
                              f"num_clients ({self.num_clients})")
@@ -292,8 +296,8 @@ class ExperimentConfig:
         work = self.local_steps if self.local_steps is not None else self.local_epochs
         if work < 1:
             raise FljaxError(f"local_steps / local_epochs must be >= 1, got {work}")
-        if self.switch_to is not None and self.switch_to not in ALGORITHMS:
-            raise FljaxError(f"switch_to must be one of {ALGORITHMS}, got {self.switch_to!r}")
+        if self.switch_to is not None:
+            registry.lookup("algorithm", self.switch_to)
         if self.switch_at < 0:
             raise FljaxError(f"switch_at must be >= 0, got {self.switch_at}")
         for name in ("client_noise", "class_noise"):
@@ -377,6 +381,29 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def resolved(self) -> "ExperimentConfig":
+        """This config with what it leaves to the algorithm filled in: ``aggregation`` unset is
+        the one the algorithm declares as its paper's (``fljax.registry.declare``), else
+        'examples'. What a run trains, records in its directory and reports."""
+        if self.aggregation is not None:
+            return self
+        settings = registry.declared(registry.lookup("algorithm", self.algorithm))
+        return dataclasses.replace(self, aggregation=settings.get("aggregation", "examples"))
+
+    def imports(self) -> dict[str, dict[str, str]]:
+        """{kind: {name: import path}} of the registered names this config uses (its algorithm,
+        switch_to, model, dataset and probes): a run directory records them so that a resume in
+        another process imports them again (``fljax.registry.import_recorded``)."""
+        return registry.recorded_paths({
+            "algorithm": [self.algorithm] + ([self.switch_to] if self.switch_to else []),
+            "model": [self.model], "dataset": [self.dataset], "probe": self.probe_names()})
+
+    def record(self) -> dict[str, Any]:
+        """What a run directory's config.json and checkpoints hold: ``to_dict`` and, if it uses
+        registered names, their import paths under "imports"."""
+        imports = self.imports()
+        return {**self.to_dict(), **({"imports": imports} if imports else {})}
 
 
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
@@ -462,11 +489,11 @@ def parse_options(config: ExperimentConfig) -> Options:
         check_kwargs(f"{what} {name!r}", settable(name, factory), args)
         return args
 
-    algorithm_args = arguments(config.algorithm, getattr(algorithms, config.algorithm),
+    algorithm_args = arguments(config.algorithm, registry.lookup("algorithm", config.algorithm),
                                json_object("algorithm_args", config.algorithm_args), "algorithm")
     switch_args = json_object("switch_args", config.switch_args)
     if config.switch_to is not None:
-        arguments(config.switch_to, getattr(algorithms, config.switch_to), switch_args,
+        arguments(config.switch_to, registry.lookup("algorithm", config.switch_to), switch_args,
                   "algorithm")
     switch_when = json_object("switch_when", config.switch_when)
     if switch_when and (config.switch_to is None or config.switch_at != 0):
@@ -474,7 +501,8 @@ def parse_options(config: ExperimentConfig) -> Options:
                          f"switch_at, got switch_to={config.switch_to!r}, "
                          f"switch_at={config.switch_at}")
     if switch_when:
-        probe_arguments("switching_criterion", PROBES["switching_criterion"], switch_when,
+        probe_arguments("switching_criterion", registry.lookup("probe", "switching_criterion"),
+                        switch_when,
                         "switch_when")
     given = json_object("wrappers", config.wrappers)
     unknown = sorted(set(given) - set(WRAPPERS))
@@ -486,7 +514,7 @@ def parse_options(config: ExperimentConfig) -> Options:
             raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
                              f"{given[name]!r}")
         args = given[name] if name != "dp" else private(config, given[name])
-        wrappers[name] = arguments(name, getattr(algorithms, name), args, "wrapper")
+        wrappers[name] = arguments(name, registry.lookup("wrapper", name), args, "wrapper")
     factory = server_optimizer_factory(config.server_optimizer)
     server_args = json_object("server_optimizer_args", config.server_optimizer_args)
     if "learning_rate" in server_args:
@@ -497,15 +525,13 @@ def parse_options(config: ExperimentConfig) -> Options:
                  list(inspect.signature(factory).parameters.values()), server_args,
                  supplied=("learning_rate",))
     probes = tuple(config.probe_names())
-    unknown = sorted(set(probes) - set(PROBES))
-    if unknown:
-        raise FljaxError(f"unknown probe(s) {unknown}; allowed: {sorted(PROBES)}")
+    factories = {name: registry.lookup("probe", name) for name in probes}
     probe_args = json_object("probe_args", config.probe_args)
     unused = sorted(set(probe_args) - set(probes))
     if unused:
         raise FljaxError(f"probe_args names {unused}, which are not in probes {list(probes)}")
     for name in probes:
-        probe_arguments(name, PROBES[name], probe_args.setdefault(name, {}), "probe")
+        probe_arguments(name, factories[name], probe_args.setdefault(name, {}), "probe")
     return Options(algorithm_args, switch_args, switch_when, wrappers, factory, server_args,
                    probes, probe_args, *timing(config))
 
@@ -597,4 +623,5 @@ def load_config(path: str, **overrides) -> ExperimentConfig:
     if not isinstance(values, dict):
         raise FljaxError(f"config file {path!r} must hold a JSON object, got "
                          f"{type(values).__name__}")
+    registry.import_recorded(values.pop("imports", {}))   # a run directory's config.json
     return ExperimentConfig().replace(**{**current_names(values), **overrides})

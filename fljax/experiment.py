@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import jax
 import numpy as np
 
-from fljax import algorithms, probes
+from fljax import algorithms, probes, registry
 from fljax.config import FULL_BATCH, ExperimentConfig
 from fljax.data import loaders, noise, partition
 from fljax.data.dataset import Dataset
@@ -75,8 +75,8 @@ LBSGD_FLAGS = ("weight_decay", "momentum", "clip_norm")
 
 def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Model,
                    values: Mapping[str, Any] | None = None) -> algorithms.Algorithm:
-    """Call the factory ``name`` with the config's local optimizer and ``kwargs`` (checked when
-    the config was validated). ``values``: config keys whose value replaces the config's (traced
+    """Call the factory ``name`` (``fljax.registry``) with the config's local optimizer and
+    ``kwargs`` (checked when the config was validated). ``values``: config keys whose value replaces the config's (traced
     hyperparameters, ``fljax.grouping``): 'lr', 'server_lr', ... and for ``kwargs`` the key
     ``KWARGS_FIELD.NAME`` (e.g. 'algorithm_args.mu') as ``field`` names it.
 
@@ -86,7 +86,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
     settings directly.
     """
     value = with_values(config, values)
-    factory = getattr(algorithms, name)
+    factory = registry.lookup("algorithm", name)
     if name == "fedsgd":
         return factory(value["lr"], **kwargs)
     if name == "lbsgd":
@@ -134,7 +134,7 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
             leading.append(jax.eval_shape(model.init, jax.random.key(0)))
         if wrapper == "dp":
             args["cohort_size"] = config.clients_per_round
-        algorithm = getattr(algorithms, wrapper)(*leading, **args)
+        algorithm = registry.lookup("wrapper", wrapper)(*leading, **args)
     return algorithm
 
 
@@ -198,7 +198,7 @@ def build_probes(config: ExperimentConfig, dataset: Dataset, model: Model,
         if name == "cosine_to" and isinstance(args.get("reference"), str):
             raise FljaxError("cosine_to needs per-client reference pseudo-gradients: use the "
                              "Python API (fljax.probes.cosine_to(last_pseudo_gradients(state)))")
-        result.append(probes.PROBES[name](**args))
+        result.append(registry.lookup("probe", name)(**args))
     return result
 
 
@@ -206,12 +206,20 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
           shared: dict | None = None) -> Experiment:
     """Load and split the data, build model, algorithm, round function and evaluator.
 
-    ``algorithm`` replaces the one the config names (a new algorithm under research); local work,
-    data and everything else still come from the config. ``shared``: what experiments of one
-    batch (``build_batch``) load and build once: the dataset, its examples on the device, the
-    model and the test-set evaluator.
+    ``algorithm`` replaces the one the config names (a new algorithm under research): a factory
+    ``factory(local, **config's algorithm_args)`` becomes the config's algorithm (by its import
+    path, ``fljax.registry``), so it is called as a named one is, with the config's local
+    optimizer (lr, decay, momentum, weight decay, clipping), and its run directory records it; a
+    factory that cannot be imported by its path (defined inside a function) must be registered
+    first (``fljax.register_algorithm``) and named in ``config.algorithm``. A built
+    ``fljax.Algorithm`` is used as it is (its own local optimizer, not the config's). Local work,
+    data and everything else come from the config. ``shared``: what experiments of one batch
+    (``build_batch``) load and build once: the dataset, its examples on the device, the model
+    and the test-set evaluator.
     """
-    config.validate()
+    if algorithm is not None and not isinstance(algorithm, algorithms.Algorithm):
+        config, algorithm = config.replace(algorithm=registry.importable_path(algorithm)), None
+    config = config.validate().resolved()
     shared = {} if shared is None else shared
     noisy = config.client_noise > 0 or config.class_noise > 0
     user_split = ((config.user_val_fraction, config.user_test_fraction)

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import optax
 
-from fljax import algorithms
+from fljax import registry
 from fljax.arguments import takes_float
 from fljax.config import ExperimentConfig
 
@@ -42,7 +42,7 @@ def values(config: ExperimentConfig) -> dict[str, Any]:
     """Every value of ``config`` by key: its fields, and each argument of its JSON-valued fields
     under a dotted key (``algorithm_args.mu``, ``wrappers.relaxed_init.beta``)."""
     options = config.options
-    flat = {k: v for k, v in config.to_dict().items()
+    flat = {k: v for k, v in config.resolved().to_dict().items()
             if k not in ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args")}
     for field, args in (("algorithm_args", options.algorithm_args),
                         ("switch_args", options.switch_args),
@@ -63,12 +63,14 @@ def traceable(config: ExperimentConfig, key: str) -> bool:
     if key in TRACED_FIELDS:
         return not key.startswith("switch_") or config.switch_to is not None
     field, *path = key.split(".")
-    factory = {"algorithm_args": getattr(algorithms, config.algorithm),
-               "switch_args": getattr(algorithms, str(config.switch_to), None),
-               "server_optimizer_args": getattr(optax, config.server_optimizer),
-               "wrappers": getattr(algorithms, path[0]) if len(path) == 2 else None}.get(field)
-    if factory is None or not path:
+    if not path or field not in ("algorithm_args", "switch_args", "server_optimizer_args",
+                                 "wrappers") or (field == "wrappers" and len(path) != 2) or (
+            field == "switch_args" and config.switch_to is None):
         return False
+    factory = {"algorithm_args": lambda: registry.lookup("algorithm", config.algorithm),
+               "switch_args": lambda: registry.lookup("algorithm", config.switch_to),
+               "server_optimizer_args": lambda: getattr(optax, config.server_optimizer),
+               "wrappers": lambda: registry.lookup("wrapper", path[0])}[field]()
     parameter = inspect.signature(factory).parameters.get(path[-1])
     return parameter is not None and takes_float(parameter)
 

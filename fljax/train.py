@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from fljax import registry
 from fljax.accounting import client_bits
 from fljax.checkpoint import Checkpoints
 from fljax.config import ExperimentConfig
@@ -149,7 +150,7 @@ class RunRecord:
                   f"{saved_round}", file=sys.stderr)
         if self._primary:
             write_file(os.path.join(config.out_dir, "config.json"),
-                       json.dumps(config.to_dict(), indent=1))
+                       json.dumps(config.record(), indent=1))
         logged = read_log(self.log.path)
         self.time_s = max([r["time_s"] for r in logged] or [0.0])
         self.cost = Accounting(self.experiment, config, logged, self._flops,
@@ -207,7 +208,7 @@ class RunRecord:
         """A checkpoint of this run's ``state``, after everything logged is on disk (a checkpoint
         never covers a record a crash could still lose)."""
         self.log.commit()
-        self.checkpoints.save(round_index, state, self.config.to_dict())
+        self.checkpoints.save(round_index, state, self.config.record())
 
     def evaluations(self) -> list[dict[str, Any]]:
         return [r for r in read_log(self.log.path) if r["kind"] == "eval"]
@@ -228,6 +229,7 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     own ``process_id``): they train one model over all their devices, and process 0 writes the
     log (``fljax.multihost``).
     """
+    import_recorded(config.out_dir)
     config.validate()
     start_processes(config.coordinator_address, config.num_processes, config.process_id)
     try:
@@ -243,6 +245,7 @@ def _run(config: ExperimentConfig, progress: bool, fresh: bool,
          experiment: Experiment | None) -> list[dict[str, Any]]:
     check_devices(config.num_devices)
     experiment = experiment or build(config)
+    config = experiment.config              # resolved: what the algorithm leaves unset, filled
     primary = is_primary()
     with _sigint_flag() as interrupt:   # until the run's files are closed
         with contextlib.ExitStack() as closing:
@@ -293,6 +296,24 @@ def _run(config: ExperimentConfig, progress: bool, fresh: bool,
                 raise RunInterrupted(round_done, run.checkpoints.directory)
     finished()
     return run.evaluations()
+
+
+def import_recorded(out_dir: str, depth: int = 0) -> None:
+    """Import again the registered names (a user's algorithm, model, dataset, probes) that the
+    run in ``out_dir`` recorded in its config.json (``ExperimentConfig.record``), and the runs
+    up to ``depth`` folders below it (a grid's points and seeds: 2; a sweep's: 4), so that a
+    resume in a new process finds them (nothing where there is no such file)."""
+    try:
+        with open(os.path.join(out_dir, "config.json")) as f:
+            saved = json.load(f)
+        if isinstance(saved, dict):
+            registry.import_recorded(saved.get("imports", {}))
+    except (OSError, ValueError):
+        pass
+    if depth > 0 and os.path.isdir(out_dir):
+        for entry in sorted(os.scandir(out_dir), key=lambda e: e.name):
+            if entry.is_dir() and entry.name not in ("checkpoints", "xla_cache"):
+                import_recorded(entry.path, depth - 1)
 
 
 def newest_checkpoint(directory: str) -> str:
@@ -397,6 +418,8 @@ def run_many(configs: list[ExperimentConfig], *, progress: bool = True, fresh: b
     (``run``), more in programs of as many runs as the memory estimate allows within
     ``memory_limit`` bytes (default ``default_memory_limit``), spread over this process's
     devices. Returns each run's evaluation records, or its Diverged error."""
+    for config in configs:
+        import_recorded(config.out_dir)
     if len(configs) == 1:
         try:
             return [run(configs[0], progress=progress, fresh=fresh)]

@@ -35,7 +35,7 @@ def build(config):
         model = mixture(model, 3)
     alg = build_algorithm(config, model)
     round_fn = make_round(alg, model, data, clients_per_round=3, batch_size=8,
-                          local_epochs=1, aggregation=config.aggregation,
+                          local_epochs=1, aggregation=config.resolved().aggregation,
                           probes=[probes.pseudo_gradient_diversity(), probes.cosine_previous()])
     return round_fn, model, alg
 

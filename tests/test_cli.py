@@ -96,4 +96,4 @@ def test_algorithms_lists_every_algorithm_and_wrapper_with_its_hyperparameters(c
     out = capsys.readouterr().out
     assert "H^{t+1} = H^t + (1/N)" in out and "alpha: float = 0.01" in out   # rule, settings
     assert main(["algorithms", "fedfoo"]) == 2
-    assert "unknown algorithm or wrapper 'fedfoo'" in capsys.readouterr().err
+    assert "unknown algorithm 'fedfoo'" in capsys.readouterr().err

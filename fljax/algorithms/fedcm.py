@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, Params, tree_scale,
                                    tree_sub)
 from fljax.algorithms.fedavg import fedavg
@@ -46,6 +47,7 @@ class FedCMState(NamedTuple):
     server: optax.OptState  # the server sgd(eta_g)'s state
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def fedcm(local: LocalSGD, *, alpha: float = 0.1, server_lr: float = 1.0,
           name: str = "fedcm") -> Algorithm:
     """FedCM with mixing weight ``alpha`` on the loss gradient, on the local optimizer ``local``."""

@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, identity_loss,
                                    identity_start, tree_scale, tree_sub)
 from fljax.algorithms.transforms import add_constant
@@ -74,6 +75,7 @@ class FedDynServerState(NamedTuple):
     gamma: Any    # gamma^t = sum_S p_k y_k,K, the aggregate before the h correction
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def feddyn(local: LocalSGD, *, alpha: float = 1e-2, adaptive_alpha: bool = True,
            client_regularization: bool = True, server_correction: bool = True,
            name: str = "feddyn") -> Algorithm:

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD, Params,
                                    tree_scale, tree_sub)
 from fljax.algorithms.fedavg import fedavg
@@ -71,6 +72,7 @@ def squared_norm(tree: Params) -> jax.Array:
 EVALUATES = ("average", "last")
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def fedexp(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, *, eps: float = 1e-3,
            eps_times_cohort: bool = False, eps_decay: float = 1.0, half: bool = True,
            evaluate: str = "average", name: str = "fedexp") -> Algorithm:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import jax
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD, Params,
                                    local_sgd, tree_scale)
 from fljax.algorithms.fedavg import fedavg
@@ -70,6 +71,7 @@ def gradient_mismatch(ctx: ClientContext) -> Params:
     return jax.tree.map(lambda s, o: s / total - o / n, weighted_sum, own_sum)
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def fedga(local: LocalSGD | optax.GradientTransformation | ClientOptimizer, beta: float = 0.1,
           server_optimizer: optax.GradientTransformation | None = None,
           *, name: str = "fedga") -> Algorithm:

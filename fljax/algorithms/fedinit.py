@@ -73,6 +73,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import Algorithm, ClientContext, LocalSGD, Params, tree_sub
 from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
@@ -143,6 +144,7 @@ def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") ->
                                       params, server_state, state.inner)))
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def fedinit(local: LocalSGD | optax.GradientTransformation, beta: float = 0.1,
             aggregate: str = "start",
             server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:

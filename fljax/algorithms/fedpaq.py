@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import Algorithm, LocalSGD
 from fljax.algorithms.compress import compress
 from fljax.algorithms.fedavg import fedavg
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def fedpaq(local: LocalSGD | optax.GradientTransformation, levels: int = 1,
            bucket_size: int | None = None,
            server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:

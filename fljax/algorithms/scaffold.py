@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.registry import declare
 from fljax.algorithms.base import (Algorithm, ClientContext, LocalSGD, identity_loss,
                                    identity_start, tree_scale, tree_sub)
 from fljax.algorithms.fedga import gradient_exchange, gradient_mismatch
@@ -67,6 +68,7 @@ def _zeros(params):
     return jax.tree.map(jnp.zeros_like, params)
 
 
+@declare(aggregation="uniform")   # the paper's / official code's unweighted mean
 def scaffold(local: LocalSGD, *, server_lr: float = 1.0, option: str = "II",
              undecayed_lr: bool = False, name: str = "scaffold") -> Algorithm:
     """SCAFFOLD on the local optimizer ``local``; server state c, client state c_i."""

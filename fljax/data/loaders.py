@@ -28,6 +28,7 @@ from fljax.data.synthetic import load_synthetic
 from fljax.data.text import load_sst2
 from fljax.data.tiny_imagenet import load_tiny_imagenet
 from fljax.data.tfds_files import first_line, open_split, prepare_hint, read_split
+from fljax import registry
 from fljax.errors import FljaxError
 
 
@@ -277,9 +278,14 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
       per-user evaluation);
     - a path ending in .npz -> :func:`load_npz`, or :func:`fljax.data.leaf.load_user_npz` when it
       holds each example's user (``client_id_train``, ``client_id_test``);
+    - a user's dataset (``fljax.registry``): a name given to ``fljax.register_dataset`` or an
+      import path 'package.module:loader' -> :func:`own_dataset`;
     - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel and
       EMNIST balanced mapped to [-1, 1], CHANNEL_STATS).
     """
+    if registry.registered("dataset", name):
+        return own_dataset(name, registry.lookup("dataset", name), data_dir=data_dir,
+                           num_clients=num_clients, seed=seed)
     if name == "digits":
         return load_digits()
     if name.startswith("mnist1d"):
@@ -325,14 +331,39 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
             return load_user_npz(name)
         return load_npz(name)
     if data_dir is None:
+        close = registry.closest(name, OFFLINE_DATASETS + registry.names("dataset"))
         raise FljaxError(
-            f"dataset {name!r} needs a data directory with the prepared tfds data: pass --data-dir "
-            "(only 'digits' loads without one)"
-        )
+            f"unknown dataset {name!r}; {close}the offline ones are {list(OFFLINE_DATASETS)}; "
+            f"any other name is a tfds dataset, which needs --data-dir (its prepared data); or "
+            f"your own: an import path 'module:loader', a name given to "
+            f"fljax.register_dataset, or an .npz file")
     dataset = load_tfds(name, data_dir=os.path.expanduser(str(data_dir)),
                         test_split=TEST_SPLITS.get(name, "test"))
     if name in CHANNEL_STATS:
         dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
+    return dataset
+
+
+# The names that load without a data directory (mnist1d_N and synthetic_A_B have more).
+OFFLINE_DATASETS = ("digits", "mnist1d", "synthetic_iid", "synthetic_1_1")
+
+
+def own_dataset(name: str, loader, **offered) -> Dataset:
+    """A user's dataset: ``loader(data_dir=..., num_clients=..., seed=...)`` (the arguments its
+    signature names) must return a ``fljax.data.Dataset`` (train and test arrays, the number of
+    classes, and each example's user if it has users)."""
+    import inspect
+
+    accepted = inspect.signature(loader).parameters
+    dataset = loader(**{k: v for k, v in offered.items() if k in accepted})
+    if not isinstance(dataset, Dataset):
+        raise FljaxError(f"dataset {name!r}: its loader must return a fljax.data.Dataset, got "
+                         f"{type(dataset).__name__}")
+    if len(dataset.x_train) != len(dataset.y_train) or len(dataset.x_test) != len(
+            dataset.y_test):
+        raise FljaxError(f"dataset {name!r}: x and y of a split must have one length, got "
+                         f"train {len(dataset.x_train)} / {len(dataset.y_train)}, test "
+                         f"{len(dataset.x_test)} / {len(dataset.y_test)}")
     return dataset
 
 

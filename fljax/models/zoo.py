@@ -6,12 +6,14 @@ module group for gradual unfreezing, in order from input to output.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fljax import registry
 from fljax.errors import FljaxError
 from fljax.models.layers import (DEFAULT_CONV_IMPL, BatchNorm, conv, conv1d, dense, max_pool,
                                  torch_bias_init)
@@ -161,6 +163,22 @@ GRAPH_KEYS = {"nodes", "senders", "receivers", "edge_mask", "node_mask"}
 MODEL_NAMES = tuple(_MODELS) + tuple(_TOKEN_MODELS) + tuple(_GRAPH_MODELS)
 
 
+def own_model(name: str, factory: Callable, spec, num_classes: int) -> Model:
+    """A user's model: ``factory(num_classes=..., input_shape=...)`` (the arguments its signature
+    names; ``input_shape`` is one example's shape) returns a Flax module, made a Model by
+    ``from_module`` for inputs like ``spec``, or a ``Model`` itself."""
+    accepted = inspect.signature(factory).parameters
+    offered = {"num_classes": num_classes,
+               "input_shape": getattr(spec, "shape", None)}
+    built = factory(**{k: v for k, v in offered.items() if k in accepted})
+    if isinstance(built, Model):
+        return built
+    if not isinstance(built, nn.Module):
+        raise FljaxError(f"model {name!r}: its factory must return a Flax module or a "
+                         f"fljax.Model, got {type(built).__name__}")
+    return from_module(name, built, spec, num_classes)
+
+
 def make_model(name: str, input_shape, num_classes: int,
                conv_impl: str | None = None) -> Model:
     """Build a named model for inputs of ``input_shape`` and ``num_classes`` classes: images
@@ -193,10 +211,15 @@ def make_model(name: str, input_shape, num_classes: int,
     - ``cnn1d``: conv5-25, conv3-25, conv3-25 (stride 2, ReLU), linear: the MNIST-1D CNN
       (5,210 parameters on 40-sample signals, 10 classes).
     ``conv_impl`` is 'im2col' or 'xla'; the default is the fast one for the current backend.
+
+    Any other ``name`` is a user's model (``fljax.registry``): an import path
+    'package.module:factory' or a name given to ``fljax.register_model``, built by
+    ``own_model``.
     """
-    if name not in MODEL_NAMES:
-        raise FljaxError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")
     spec = input_spec_of(input_shape)
+    if name not in MODEL_NAMES:
+        return own_model(name, registry.lookup("model", name, known=MODEL_NAMES), spec,
+                         num_classes)
     if name in _TOKEN_MODELS:
         if not (isinstance(spec, jax.ShapeDtypeStruct) and len(spec.shape) == 1 and
                 jnp.issubdtype(spec.dtype, jnp.integer)):

@@ -21,6 +21,7 @@ switching_criterion        ``switch_C``, ``switch_D``, ``switch_margin``, ``swit
 =========================  =====================================================================
 """
 
+from fljax.registry import BUILTIN_PROBES
 from fljax.probes.base import (ClientView, EvalView, Population, Probe, RoundView, squared_norm,
                                stacked, tree_dot)
 from fljax.probes.cosine import cosine_previous, cosine_to, last_pseudo_gradients
@@ -34,11 +35,8 @@ from fljax.probes.switching import centralized_optimum, smoothness, switching_cr
 # Probes the CLI builds by name (``--probes``); their keyword arguments come from --probe-args.
 # interaction_tensor, switching_criterion and cosine_to take experiment data; fljax.experiment
 # supplies it.
-PROBES = {"pseudo_gradient_diversity": pseudo_gradient_diversity,
-          "cosine_previous": cosine_previous, "cosine_to": cosine_to,
-          "state_diversity": state_diversity, "gradient_dissimilarity": gradient_dissimilarity,
-          "train_evaluation": train_evaluation, "all_model": all_model, "divergence": divergence,
-          "interaction_tensor": interaction_tensor, "switching_criterion": switching_criterion}
+# fljax.registry lists their names (BUILTIN_PROBES); a user's probe is registered there.
+PROBES = {name: globals()[name] for name in BUILTIN_PROBES}
 
 __all__ = ["PROBES", "ClientView", "EvalView", "Population", "Probe", "RoundView",
            "all_model", "centralized_optimum", "cosine_previous", "cosine_to", "divergence",
