@@ -108,11 +108,6 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    # Naming one kind of local work turns the other off.
-    if "local_steps" in given and "local_epochs" not in given:
-        given["local_epochs"] = None
-    if "local_epochs" in given and "local_steps" not in given:
-        given["local_steps"] = None
     config = load_config(args.config, **given) if args.config else ExperimentConfig().replace(
         **given)
     return config.validate(), args

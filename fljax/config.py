@@ -43,6 +43,9 @@ GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "
 RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
 JSON_FIELDS = ("wrappers", "switch_when", "probe_args", "clock", "deadline", "asynchrony")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# The two ways to size local work: a number for one (a flag, a config file, a sweep level, --set or
+# a grid key) turns the other off, unless the same values name both.
+LOCAL_WORK = ("local_steps", "local_epochs")
 
 
 def option(default: Any, group: str, text: str, *aliases: str):
@@ -365,8 +368,9 @@ class ExperimentConfig:
 
     def replace(self, **changes) -> "ExperimentConfig":
         """A copy with ``changes`` (old names of renamed fields accepted), each checked against
-        the field's type."""
-        changes = current_names(changes)
+        the field's type; a number for local_steps or local_epochs turns the other off
+        (``one_local_work``)."""
+        changes = one_local_work(current_names(changes))
         fields = {f.name: f.type for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - set(fields))
         if unknown:
@@ -387,6 +391,17 @@ def current_names(values: dict[str, Any]) -> dict[str, Any]:
         raise FljaxError(f"{both[0]} is the old name of {RENAMED[both[0]]}; give only one of "
                          f"them")
     return {RENAMED.get(key, key): value for key, value in values.items()}
+
+
+def one_local_work(changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` (config keys) as they apply over earlier values: a number for one kind of
+    local work (LOCAL_WORK) sets the other to None, as ``--local-steps 10`` turns the default
+    ``local_epochs`` off, unless ``changes`` names both (two numbers: an error of validate)."""
+    named = [key for key in LOCAL_WORK if key in changes]
+    if len(named) == 1 and changes[named[0]] is not None:
+        other = LOCAL_WORK[1 - LOCAL_WORK.index(named[0])]
+        return {**changes, other: None}
+    return changes
 
 
 def json_object(name: str, text: str) -> dict[str, Any]:
@@ -586,7 +601,8 @@ def probe_arguments(name: str, factory: Callable, args: dict, what: str) -> None
 
 
 def load_config(path: str, **overrides) -> ExperimentConfig:
-    """Read a JSON config file (keys are ExperimentConfig fields), then apply ``overrides``."""
+    """Read a JSON config file (keys are ExperimentConfig fields), then apply ``overrides`` over
+    it (``overrides`` naming local_epochs turn the file's local_steps off, and vice versa)."""
     if not os.path.isfile(path):
         raise FljaxError(f"config file {path!r} does not exist")
     try:
@@ -597,4 +613,4 @@ def load_config(path: str, **overrides) -> ExperimentConfig:
     if not isinstance(values, dict):
         raise FljaxError(f"config file {path!r} must hold a JSON object, got "
                          f"{type(values).__name__}")
-    return ExperimentConfig().replace(**{**current_names(values), **overrides})
+    return ExperimentConfig().replace(**values).replace(**overrides)

@@ -85,7 +85,7 @@ from typing import Any, Callable, NamedTuple
 
 import scipy.stats
 
-from fljax.config import ExperimentConfig, current_names
+from fljax.config import ExperimentConfig, current_names, one_local_work
 from fljax import hyperband
 from fljax.errors import FljaxError
 from fljax.grouping import group
@@ -179,12 +179,12 @@ def grid_points(grid: dict[str, list]) -> list[tuple]:
 
 
 def with_setting(values: dict[str, Any], setting: tuple) -> dict[str, Any]:
-    """``values`` with each (key, value) of ``setting`` set; 'field.a.b' sets a JSON field."""
-    values = dict(values)
+    """``values`` with each (key, value) of ``setting`` set; 'field.a.b' sets a JSON field; a
+    number for local_steps or local_epochs turns the other off (``one_local_work``)."""
+    values = {**values, **one_local_work({key: value for key, value in setting if "." not in key})}
     for key, value in setting:
         field, *path = key.split(".")
         if not path:
-            values[field] = value
             continue
         if field not in JSON_FIELDS:
             raise FljaxError(f"grid key {key!r}: only {list(JSON_FIELDS)} take a dotted path")
@@ -226,12 +226,13 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
         for column, column_values in sweep["columns"].items():
             layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
                       overrides.get(row, {}), column_values, overrides.get(column, {})]
-            # A later layer overrides an earlier one, whichever name of a field each uses; grids
-            # merge key by key (a later level's key replaces that key's values, null drops it).
+            # A later layer overrides an earlier one, whichever name of a field each uses (its
+            # local_steps turns an earlier local_epochs off, and vice versa); grids merge key by
+            # key (a later level's key replaces that key's values, null drops it).
             merged, grid = {}, {}
             for layer in map(current_names, layers):
                 grid.update(current_names(layer.get("grid", {})))
-                merged.update((k, v) for k, v in layer.items() if k != "grid")
+                merged.update(one_local_work({k: v for k, v in layer.items() if k != "grid"}))
             grid = {key: values for key, values in grid.items() if values is not None}
             for setting in grid_points(grid) if grid else [()]:
                 for seed in seeds or sweep.get("seeds", [0]):
@@ -239,7 +240,7 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
                                            *([setting_slug(setting)] if setting else []),
                                            f"seed_{seed}")
                     values = {**with_setting(merged, setting), "seed": seed, "out_dir": run_dir,
-                              **current_names(changes)}
+                              **one_local_work(current_names(changes))}
                     try:
                         config = ExperimentConfig().replace(**values).validate()
                     except FljaxError as e:
