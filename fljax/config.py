@@ -473,16 +473,19 @@ PROBE_WORDS = {("switching_criterion", "optimum"): "centralized",
 def parse_options(config: ExperimentConfig) -> Options:
     """Parse the JSON-valued fields of ``config`` and check each against its factory's
     signature (``fljax.arguments``); FljaxError names the first bad one."""
-    def arguments(name: str, factory: Callable, args: dict, what: str):
-        check_kwargs(f"{what} {name!r}", settable(name, factory), args)
+    def arguments(name: str, factory: Callable, args: dict, what: str, source: str):
+        parameters = settable(name, factory)
+        shared_flags(f"{what} {name!r}", parameters, args, source)
+        check_kwargs(f"{what} {name!r}", parameters, args)
         return args
 
     algorithm_args = arguments(config.algorithm, getattr(algorithms, config.algorithm),
-                               json_object("algorithm_args", config.algorithm_args), "algorithm")
+                               json_object("algorithm_args", config.algorithm_args), "algorithm",
+                               "--algorithm-args")
     switch_args = json_object("switch_args", config.switch_args)
     if config.switch_to is not None:
         arguments(config.switch_to, getattr(algorithms, config.switch_to), switch_args,
-                  "algorithm")
+                  "algorithm", "--switch-args")
     switch_when = json_object("switch_when", config.switch_when)
     if switch_when and (config.switch_to is None or config.switch_at != 0):
         raise FljaxError(f"switch_when needs switch_to (the second algorithm) and no "
@@ -501,7 +504,8 @@ def parse_options(config: ExperimentConfig) -> Options:
             raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
                              f"{given[name]!r}")
         args = given[name] if name != "dp" else private(config, given[name])
-        wrappers[name] = arguments(name, getattr(algorithms, name), args, "wrapper")
+        wrappers[name] = arguments(name, getattr(algorithms, name), args, "wrapper",
+                                   "--wrappers")
     factory = server_optimizer_factory(config.server_optimizer)
     server_args = json_object("server_optimizer_args", config.server_optimizer_args)
     if "learning_rate" in server_args:
@@ -523,6 +527,20 @@ def parse_options(config: ExperimentConfig) -> Options:
         probe_arguments(name, PROBES[name], probe_args.setdefault(name, {}), "probe")
     return Options(algorithm_args, switch_args, switch_when, wrappers, factory, server_args,
                    probes, probe_args, *timing(config))
+
+
+def shared_flags(what: str, parameters: list[inspect.Parameter], args: dict,
+                 source: str) -> None:
+    """Raise FljaxError if ``args`` (given in ``source``, e.g. --algorithm-args) set a config
+    field that the factory does not take itself (server_lr, lr, momentum, ...): a setting every
+    algorithm shares, whose flag sets it."""
+    own = {p.name for p in parameters}
+    fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    shared = [key for key in args if key in fields and key not in own]
+    if shared:
+        key = shared[0]
+        raise FljaxError(f"{what} takes {key} from --{key.replace('_', '-')} ({key} in the "
+                         f"config), not from {source}")
 
 
 def timing(config: ExperimentConfig) -> tuple[Clock | None, Deadline | None, Asynchrony | None]:
