@@ -20,6 +20,7 @@ from fljax.data.augment import AUGMENTATIONS
 from fljax.engine import PARTICIPATIONS
 from fljax.data.users import held_out
 from fljax.errors import FljaxError
+from fljax.fielddocs import list_fields
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 from fljax.privacy import ACCOUNTANTS, accountant, calibrate, default_delta, epsilon
 from fljax.probes import PROBES
@@ -381,6 +382,9 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+ExperimentConfig.__doc__ = list_fields(ExperimentConfig)     # help() lists every field's meaning
 
 
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
