@@ -265,8 +265,8 @@ def _sweep(argv: list[str]) -> int:
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130
-        text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
-            spec, results, args.scale)
+        text = (f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n"
+                + sweep.table(spec, results, args.scale) + f"\n\n{sweep.BOLD_RULE}")
         path = os.path.join(out_dir, args.scale or "base", "results.md")
         write_file(path, text + "\n")
         for csv_name, csv_text in zip(("runs.csv", "curves.csv"),
