@@ -66,7 +66,8 @@ class ExperimentConfig:
                           "'leaf/femnist', 'leaf/shakespeare', 'leaf/sent140', 'leaf/synthetic' "
                           "(LEAF JSON in --data-dir, natural users); a tfds name prepared there; "
                           "or an .npz file holding x_train, y_train, "
-                          "x_test, y_test (and client_id_train, client_id_test for users)")
+                          "x_test, y_test (and client_id_train, optionally client_id_test: users, "
+                          "split with --partition natural)")
     data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
                                   "data, or of a LEAF dataset (fljax never downloads)")
     partition: str = option("dirichlet", "data", "how the training set is split among the "
