@@ -544,7 +544,8 @@ def shared_flags(what: str, parameters: list[inspect.Parameter], args: dict,
     shared = [key for key in args if key in fields and key not in own]
     if shared:
         key = shared[0]
-        raise FljaxError(f"{what} takes {key} from --{key.replace('_', '-')} ({key} in the "
+        field = "switch_lr" if (key, source) == ("lr", "--switch-args") else key
+        raise FljaxError(f"{what} takes {key} from --{field.replace('_', '-')} ({field} in the "
                          f"config), not from {source}")
 
 

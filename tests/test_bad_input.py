@@ -191,6 +191,10 @@ CASES = [
                                                '{"server_lr": 0.5}'],
      "algorithm 'fedavgm' takes server_lr from --server-lr (server_lr in the config), not from "
      "--algorithm-args"),
+    ("local lr in switch args", lambda t: ["--algorithm", "feddyn", "--switch-to", "fedavg",
+                                           "--switch-at", "1", "--switch-args", '{"lr": 0.1}'],
+     "algorithm 'fedavg' takes lr from --switch-lr (switch_lr in the config), not from "
+     "--switch-args"),
     ("local lr in wrapper args", lambda t: ["--wrappers", '{"relaxed_init": {"beta": 0.1, '
                                             '"lr": 0.1}}'],
      "wrapper 'relaxed_init' takes lr from --lr (lr in the config), not from --wrappers"),
