@@ -110,11 +110,6 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    # Naming one kind of local work turns the other off.
-    if "local_steps" in given and "local_epochs" not in given:
-        given["local_epochs"] = None
-    if "local_epochs" in given and "local_steps" not in given:
-        given["local_steps"] = None
     config = load_config(args.config, **given) if args.config else ExperimentConfig().replace(
         **given)
     grid = args.seeds is not None or bool(args.set)
@@ -122,8 +117,74 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     return config.validate(), args
 
 
+# One line per algorithm and wrapper for ``fljax algorithms``, in the command line's terms: its
+# hyperparameters are --algorithm-args (or --wrappers) keys, the shared settings are flags. (The
+# factories' docstrings speak Python; ``fljax algorithms NAME`` shows them.)
+SUMMARIES = {
+    "fedavg": "FedAvg: local SGD (--lr ...), then --server-optimizer with --server-lr on the "
+              "averaged update (default plain SGD, server lr 1).",
+    "fedsgd": "FedSGD: each client sends its full-batch gradient; the server takes a step of "
+              "--lr on their weighted sum.",
+    "fedprox": "FedProx: local SGD with the proximal term mu/2 ||y - w||^2.",
+    "scaffold": "SCAFFOLD: local SGD corrected by control variates (server c, client c_i); "
+                "option picks how c_i is updated (I, II, or GA: FedGA code's full gradients).",
+    "feddyn": "FedDyn (official code): local SGD on the dynamically regularized loss with "
+              "coefficient alpha; the server corrects the average with h.",
+    "fedavgm": "FedAvg with server momentum (heavy ball, or dampened: an EMA) and --server-lr.",
+    "fedadam": "FedAvg with Reddi et al.'s FedAdam server and --server-lr (FedDecorr defaults).",
+    "fedyogi": "FedAvg with Reddi et al.'s FedYogi server and --server-lr (FedDecorr defaults).",
+    "fedadagrad": "FedAvg with Reddi et al.'s FedAdagrad server and --server-lr (FedDecorr "
+                  "defaults).",
+    "fedexp": "FedExP: FedAvg's clients, an extrapolated server step from the updates' norms "
+              "(eps, half: the factor 1/2; evaluate: the model scored).",
+    "fednova": "FedNova: normalized averaging of local momentum SGD (--momentum is its rho), "
+               "with a proximal mu.",
+    "fedcm": "FedCM: local steps along the mix alpha of the loss gradient and the server's last "
+             "update (client-level momentum).",
+    "fedsam": "FedAvg with SAM local steps of radius rho.",
+    "moon": "MOON: FedAvg whose clients add the model-contrastive term (weight mu, temperature "
+            "tau) on the model's projected features.",
+    "fedntd": "FedNTD: FedAvg whose clients distil the global model's not-true-class "
+              "predictions (weight beta, temperature tau).",
+    "feddecorr": "FedDecorr: FedAvg whose clients add beta x the decorrelation loss of the "
+                 "model's features.",
+    "fedinit": "FedInit: FedAvg whose clients start from the relaxed initialization w + beta "
+               "(w - their last local model).",
+    "fedga": "FedGA: a first exchange of full gradients, then local steps from the start "
+             "displaced by beta (global - own gradient); FedAvg's server.",
+    "gradalign": "GradAlign: FedGA's rule, run with --local-steps 1.",
+    "lbsgd": "Large-batch SGD: FedSGD whose server step is SGD with --lr, --momentum, "
+             "--weight-decay and --clip-norm.",
+    "feddecay": "FedDecay: FedAvg with the local learning rate decayed by beta within each "
+                "round (schedule, per step or epoch).",
+    "fomaml": "FOMAML: the server steps meta_step_size along the clients' last local step.",
+    "reptile": "Reptile: the server steps meta_step_size along the clients' updates.",
+    "ditto": "Ditto: the global model by FedAvg; each client also trains a personal model "
+             "regularized toward it (lam; personal_lr, default --lr).",
+    "pfedme": "pFedMe: local steps on the Moreau envelope (lam, inner_steps at inner_lr) and "
+              "server interpolation beta; users scored with their personal or the global model.",
+    "fedem": "FedEM: the model becomes a mixture of num_components models; clients fit their "
+             "mixture weights (E-step) and train the components.",
+    "fedpaq": "FedPAQ: FedAvg with a QSGD-quantized uplink (levels, bucket_size).",
+    "gradual_unfreezing": "FedBug: clients thaw the model's parameter groups (unit) one at a "
+                          "time, in order (default input to output), over the first fraction "
+                          "of their local steps.",
+    "local_decay": "The local learning rate scaled by beta_j in the j-th local period (the "
+                   "FedDecay rule over any algorithm).",
+    "relaxed_init": "Clients start from w + beta (w - their last local model) (+RI).",
+    "fedbn": "FedBN: every normalization layer of the model stays local to its client.",
+    "compress": "The uplink compressed by a compressor (top_k or random_k with ratio, qsgd with "
+                "levels, rotated_uniform with bits, scaled_sign), optionally with error "
+                "feedback.",
+    "dp": "User-level DP: updates clipped to clip_norm, Gaussian noise of multiplier "
+          "noise_multiplier on their sum (or --target-epsilon); target_quantile turns on "
+          "adaptive clipping.",
+}
+
+
 def _algorithms(argv: list[str]) -> int:
-    """``fljax algorithms``: every algorithm and wrapper with its hyperparameters and defaults;
+    """``fljax algorithms``: every algorithm and wrapper with its one-line summary (SUMMARIES)
+    and its hyperparameters and defaults;
     ``fljax algorithms NAME``: NAME's update rule (its module's docstring) and hyperparameters."""
     import inspect
     import textwrap
@@ -150,8 +211,9 @@ def _algorithms(argv: list[str]) -> int:
             print(title)
             for each in names:
                 factory = registry.lookup(kind_of[each], each)
-                doc = (inspect.getdoc(factory) or "(no docstring)").split("\n\n")[0]
-                lines = [" ".join(doc.split()), ", ".join(map(setting, settable(each, factory)))
+                summary = SUMMARIES.get(each) or " ".join(
+                    (inspect.getdoc(factory) or "(no docstring)").split("\n\n")[0].split())
+                lines = [summary, ", ".join(map(setting, settable(each, factory)))
                          or "(no hyperparameters)"]
                 declared = registry.declared(factory)
                 if declared:
@@ -286,8 +348,8 @@ def _sweep(argv: list[str]) -> int:
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130
-        text = f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n" + sweep.table(
-            spec, results, args.scale)
+        text = (f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n"
+                + sweep.table(spec, results, args.scale) + f"\n\n{sweep.BOLD_RULE}")
         path = os.path.join(out_dir, args.scale or "base", "results.md")
         write_file(path, text + "\n")
         for csv_name, csv_text in zip(("runs.csv", "curves.csv"),

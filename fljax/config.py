@@ -20,6 +20,7 @@ from fljax.data.augment import AUGMENTATIONS
 from fljax.engine import AGGREGATIONS, PARTICIPATIONS
 from fljax.data.users import held_out
 from fljax.errors import FljaxError
+from fljax.fielddocs import list_fields
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 from fljax.privacy import ACCOUNTANTS, accountant, calibrate, default_delta, epsilon
 from fljax.stragglers import Deadline, check_deadline
@@ -39,6 +40,9 @@ GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "
 RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
 JSON_FIELDS = ("wrappers", "switch_when", "probe_args", "clock", "deadline", "asynchrony")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# The two ways to size local work: a number for one (a flag, a config file, a sweep level, --set or
+# a grid key) turns the other off, unless the same values name both.
+LOCAL_WORK = ("local_steps", "local_epochs")
 
 
 def option(default: Any, group: str, text: str, *aliases: str):
@@ -58,7 +62,8 @@ class ExperimentConfig:
                           "'leaf/femnist', 'leaf/shakespeare', 'leaf/sent140', 'leaf/synthetic' "
                           "(LEAF JSON in --data-dir, natural users); a tfds name prepared there; "
                           "or an .npz file holding x_train, y_train, "
-                          "x_test, y_test (and client_id_train, client_id_test for users)")
+                          "x_test, y_test (and client_id_train, optionally client_id_test: users, "
+                          "split with --partition natural)")
     data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
                                   "data, or of a LEAF dataset (fljax never downloads)")
     partition: str = option("dirichlet", "data", "how the training set is split among the "
@@ -369,8 +374,9 @@ class ExperimentConfig:
 
     def replace(self, **changes) -> "ExperimentConfig":
         """A copy with ``changes`` (old names of renamed fields accepted), each checked against
-        the field's type."""
-        changes = current_names(changes)
+        the field's type; a number for local_steps or local_epochs turns the other off
+        (``one_local_work``)."""
+        changes = one_local_work(current_names(changes))
         fields = {f.name: f.type for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - set(fields))
         if unknown:
@@ -406,6 +412,9 @@ class ExperimentConfig:
         return {**self.to_dict(), **({"imports": imports} if imports else {})}
 
 
+ExperimentConfig.__doc__ = list_fields(ExperimentConfig)     # help() lists every field's meaning
+
+
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` (config keys) with the old names of renamed fields (RENAMED; config files,
     sweeps and checkpoints written before the rename) replaced by the current ones."""
@@ -414,6 +423,17 @@ def current_names(values: dict[str, Any]) -> dict[str, Any]:
         raise FljaxError(f"{both[0]} is the old name of {RENAMED[both[0]]}; give only one of "
                          f"them")
     return {RENAMED.get(key, key): value for key, value in values.items()}
+
+
+def one_local_work(changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` (config keys) as they apply over earlier values: a number for one kind of
+    local work (LOCAL_WORK) sets the other to None, as ``--local-steps 10`` turns the default
+    ``local_epochs`` off, unless ``changes`` names both (two numbers: an error of validate)."""
+    named = [key for key in LOCAL_WORK if key in changes]
+    if len(named) == 1 and changes[named[0]] is not None:
+        other = LOCAL_WORK[1 - LOCAL_WORK.index(named[0])]
+        return {**changes, other: None}
+    return changes
 
 
 def json_object(name: str, text: str) -> dict[str, Any]:
@@ -485,16 +505,19 @@ PROBE_WORDS = {("switching_criterion", "optimum"): "centralized",
 def parse_options(config: ExperimentConfig) -> Options:
     """Parse the JSON-valued fields of ``config`` and check each against its factory's
     signature (``fljax.arguments``); FljaxError names the first bad one."""
-    def arguments(name: str, factory: Callable, args: dict, what: str):
-        check_kwargs(f"{what} {name!r}", settable(name, factory), args)
+    def arguments(name: str, factory: Callable, args: dict, what: str, source: str):
+        parameters = settable(name, factory)
+        shared_flags(f"{what} {name!r}", parameters, args, source)
+        check_kwargs(f"{what} {name!r}", parameters, args)
         return args
 
     algorithm_args = arguments(config.algorithm, registry.lookup("algorithm", config.algorithm),
-                               json_object("algorithm_args", config.algorithm_args), "algorithm")
+                               json_object("algorithm_args", config.algorithm_args), "algorithm",
+                               "--algorithm-args")
     switch_args = json_object("switch_args", config.switch_args)
     if config.switch_to is not None:
         arguments(config.switch_to, registry.lookup("algorithm", config.switch_to), switch_args,
-                  "algorithm")
+                  "algorithm", "--switch-args")
     switch_when = json_object("switch_when", config.switch_when)
     if switch_when and (config.switch_to is None or config.switch_at != 0):
         raise FljaxError(f"switch_when needs switch_to (the second algorithm) and no "
@@ -514,7 +537,8 @@ def parse_options(config: ExperimentConfig) -> Options:
             raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
                              f"{given[name]!r}")
         args = given[name] if name != "dp" else private(config, given[name])
-        wrappers[name] = arguments(name, registry.lookup("wrapper", name), args, "wrapper")
+        wrappers[name] = arguments(name, registry.lookup("wrapper", name), args, "wrapper",
+                                   "--wrappers")
     factory = server_optimizer_factory(config.server_optimizer)
     server_args = json_object("server_optimizer_args", config.server_optimizer_args)
     if "learning_rate" in server_args:
@@ -534,6 +558,21 @@ def parse_options(config: ExperimentConfig) -> Options:
         probe_arguments(name, factories[name], probe_args.setdefault(name, {}), "probe")
     return Options(algorithm_args, switch_args, switch_when, wrappers, factory, server_args,
                    probes, probe_args, *timing(config))
+
+
+def shared_flags(what: str, parameters: list[inspect.Parameter], args: dict,
+                 source: str) -> None:
+    """Raise FljaxError if ``args`` (given in ``source``, e.g. --algorithm-args) set a config
+    field that the factory does not take itself (server_lr, lr, momentum, ...): a setting every
+    algorithm shares, whose flag sets it."""
+    own = {p.name for p in parameters}
+    fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    shared = [key for key in args if key in fields and key not in own]
+    if shared:
+        key = shared[0]
+        field = "switch_lr" if (key, source) == ("lr", "--switch-args") else key
+        raise FljaxError(f"{what} takes {key} from --{field.replace('_', '-')} ({field} in the "
+                         f"config), not from {source}")
 
 
 def timing(config: ExperimentConfig) -> tuple[Clock | None, Deadline | None, Asynchrony | None]:
@@ -612,7 +651,8 @@ def probe_arguments(name: str, factory: Callable, args: dict, what: str) -> None
 
 
 def load_config(path: str, **overrides) -> ExperimentConfig:
-    """Read a JSON config file (keys are ExperimentConfig fields), then apply ``overrides``."""
+    """Read a JSON config file (keys are ExperimentConfig fields), then apply ``overrides`` over
+    it (``overrides`` naming local_epochs turn the file's local_steps off, and vice versa)."""
     if not os.path.isfile(path):
         raise FljaxError(f"config file {path!r} does not exist")
     try:
@@ -624,4 +664,4 @@ def load_config(path: str, **overrides) -> ExperimentConfig:
         raise FljaxError(f"config file {path!r} must hold a JSON object, got "
                          f"{type(values).__name__}")
     registry.import_recorded(values.pop("imports", {}))   # a run directory's config.json
-    return ExperimentConfig().replace(**{**current_names(values), **overrides})
+    return ExperimentConfig().replace(**values).replace(**overrides)

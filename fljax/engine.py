@@ -34,6 +34,7 @@ from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client
                           server_key, stream_keys)
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
+from fljax.fielddocs import document_fields
 from fljax.stragglers import Deadline, check_deadline, sampled, settle
 from fljax.models.model import Model
 from fljax.placement import (AXIS, RUNS, check_shardable, client_mesh, data_specs,
@@ -47,16 +48,31 @@ __all__ = ["AGGREGATIONS", "PARTICIPATIONS", "RoundFunction", "RoundState", "ber
 
 
 class RoundState(NamedTuple):
-    round: jax.Array      # shape=(), int32: rounds done so far
-    key: jax.Array        # shape=(2,), uint32: the experiment's root key
-    params: Params        # global model w^t
+    """The whole state of an experiment between rounds: what the round function takes and returns
+    (and a checkpoint holds)."""
+
+    round: jax.Array
+    key: jax.Array
+    params: Params
     server_state: Any
-    client_states: Any    # every client's state, stacked on a leading axis of num_clients
-    probes: Any = {}      # {probe name: (server state, per-client states stacked over N)}
-    hparams: Any = {}     # {name: scalar}: the traced hyperparameters the round builds its
-                          #   algorithm from ({} for an algorithm of Python numbers)
-    clock: Any = ()       # simulated time: () without a clock; the time so far (shape=());
-                          #   asynchronous: the clients in flight (``fljax.asynchronous.Flight``)
+    client_states: Any
+    probes: Any = {}
+    hparams: Any = {}
+    clock: Any = ()
+
+
+document_fields(RoundState, {
+    "round": "shape=(), int32: the rounds done so far",
+    "key": "shape=(2,), uint32: the experiment's root key",
+    "params": "the global model w^t",
+    "server_state": "the algorithm's server state (``Algorithm.server_init``)",
+    "client_states": "every client's state, stacked on a leading axis of num_clients",
+    "probes": "{probe name: (server state, per-client states stacked over N)}",
+    "hparams": "{name: scalar}: the traced hyperparameters the round builds its algorithm from "
+               "({} for an algorithm of Python numbers)",
+    "clock": "simulated time: () without a clock; the time so far (shape=()); asynchronous: the "
+             "clients in flight (``fljax.asynchronous.Flight``)",
+})
 
 
 AlgorithmOrBuilder = Algorithm | Callable[[Mapping[str, jax.Array]], Algorithm]

@@ -45,7 +45,19 @@ class Experiment(NamedTuple):
 
 def split_clients(config: ExperimentConfig, labels: np.ndarray,
                   users: np.ndarray | None = None) -> list[np.ndarray]:
-    """The partition named by the config; 'natural' takes the dataset's users (one client each)."""
+    """The partition named by the config; 'natural' takes the dataset's users (one client each).
+
+    A dataset file that gives its users (an .npz with client_id_train) is split by them: another
+    partition is a FljaxError saying so (to re-split its pooled examples, leave the ids out of the
+    file). The users of a named dataset (synthetic_*, leaf/*, planetoid/*) are pooled and split
+    anew by any other partition, as the CPU-scale sweeps that stand in for a Dirichlet split do.
+    """
+    if users is not None and config.partition != "natural" and config.dataset.endswith(".npz"):
+        count = len(np.unique(users))
+        raise FljaxError(f"dataset {config.dataset!r} comes with {count} users "
+                         f"(client_id_train): train on them with --partition natural "
+                         f"--num-clients {count}, or leave client_id_train and client_id_test out "
+                         f"of the file to split its examples by partition {config.partition!r}")
     if config.partition == "natural":
         if users is None:
             raise FljaxError(f"partition 'natural' needs a dataset that comes with its users "

@@ -68,8 +68,10 @@ scale[column] + {seed, out_dir}``: a scale overrides the shared values and any r
 own (e.g. a smaller switch round on CPU). Its out_dir is ``OUT/scale/row/column/seed_S``; each run
 resumes from its checkpoints, so a sweep that stopped continues where it stopped and a finished
 run is not trained again. The table gives the final test accuracy (or each of the ``metrics``) of
-every cell as mean +- std over seeds (accuracies in %, other metrics as logged), and, if set, the
-rounds, megabytes sent, GFLOPs and seconds to the target accuracy.
+every cell as mean +- std over seeds (accuracies in %, other metrics as logged), the best of a line
+in bold only where its paired difference from the runner-up is significant (paired t-test over
+the seeds, p < 0.05), and, if set, the rounds, megabytes sent, GFLOPs and seconds to the target
+accuracy.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ from typing import Any, Callable, NamedTuple
 
 import scipy.stats
 
-from fljax.config import ExperimentConfig, current_names
+from fljax.config import ExperimentConfig, current_names, one_local_work
 from fljax import hyperband
 from fljax.errors import FljaxError
 from fljax.grouping import group
@@ -95,6 +97,10 @@ SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "s
               "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
               "hyperband"}
 MAX_EXTENSIONS = 4
+SIGNIFICANCE = 0.05     # a table marks a line's best only where its paired t-test gives p below
+BOLD_RULE = (f"Bold: the best of its line, where its paired difference from the runner-up is "
+             f"significant (paired t-test over the seeds, p < {SIGNIFICANCE}); a line without "
+             f"bold shows no significant difference.")
 JSON_FIELDS = ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args",
                "probe_args", "switch_when")
 
@@ -179,12 +185,12 @@ def grid_points(grid: dict[str, list]) -> list[tuple]:
 
 
 def with_setting(values: dict[str, Any], setting: tuple) -> dict[str, Any]:
-    """``values`` with each (key, value) of ``setting`` set; 'field.a.b' sets a JSON field."""
-    values = dict(values)
+    """``values`` with each (key, value) of ``setting`` set; 'field.a.b' sets a JSON field; a
+    number for local_steps or local_epochs turns the other off (``one_local_work``)."""
+    values = {**values, **one_local_work({key: value for key, value in setting if "." not in key})}
     for key, value in setting:
         field, *path = key.split(".")
         if not path:
-            values[field] = value
             continue
         if field not in JSON_FIELDS:
             raise FljaxError(f"grid key {key!r}: only {list(JSON_FIELDS)} take a dotted path")
@@ -226,12 +232,13 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
         for column, column_values in sweep["columns"].items():
             layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
                       overrides.get(row, {}), column_values, overrides.get(column, {})]
-            # A later layer overrides an earlier one, whichever name of a field each uses; grids
-            # merge key by key (a later level's key replaces that key's values, null drops it).
+            # A later layer overrides an earlier one, whichever name of a field each uses (its
+            # local_steps turns an earlier local_epochs off, and vice versa); grids merge key by
+            # key (a later level's key replaces that key's values, null drops it).
             merged, grid = {}, {}
             for layer in map(current_names, layers):
                 grid.update(current_names(layer.get("grid", {})))
-                merged.update((k, v) for k, v in layer.items() if k != "grid")
+                merged.update(one_local_work({k: v for k, v in layer.items() if k != "grid"}))
             grid = {key: values for key, values in grid.items() if values is not None}
             for setting in grid_points(grid) if grid else [()]:
                 for seed in seeds or sweep.get("seeds", [0]):
@@ -239,7 +246,7 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
                                            *([setting_slug(setting)] if setting else []),
                                            f"seed_{seed}")
                     values = {**with_setting(merged, setting), "seed": seed, "out_dir": run_dir,
-                              **current_names(changes)}
+                              **one_local_work(current_names(changes))}
                     try:
                         config = ExperimentConfig().replace(**values).validate()
                     except FljaxError as e:
@@ -514,8 +521,9 @@ def late_gain(evaluations: list[dict[str, Any]], key: str, fraction: float = 0.2
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
     """Markdown: final (with ``best_round``: best-round) test accuracy (%) of each cell (a line
     per row and metric, if the sweep names ``metrics``) as mean +- std over seeds, the best of a
-    line in bold; for a grid, the point selected on the validation split (a line per row) and its test scores; if the sweep sets
-    a target accuracy, lines of rounds, MB, GFLOPs and seconds to reach it (mean over seeds; x
+    line in bold where it beats the runner-up significantly (``clear_winner``: paired over
+    seeds, p < 0.05; no bold: no significant difference); for a grid, the point selected on the
+    validation split (a line per row) and its test scores; if the sweep sets a target accuracy, lines of rounds, MB, GFLOPs and seconds to reach it (mean over seeds; x
     where some seed never reached it); and the paired differences the sweep's ``compare`` asks
     for."""
     columns = list(sweep["columns"])
@@ -530,6 +538,8 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
               for row in sweep["rows"] for column in columns}
     for row in sweep["rows"]:
         runs = [chosen[row, column][1] for column in columns]
+        seeds = [sorted(c.seed for c, e in results.items() if e and (c.row, c.column, c.setting)
+                        == (row, column, chosen[row, column][0])) for column in columns]
         if any(chosen[row, column][0] for column in columns):
             lines.append(f"| {row}: selected on {sweep.get('selection', 'val_accuracy')} | "
                          + " | ".join((", ".join(f"{k.split('.')[-1]}={v}"
@@ -548,9 +558,11 @@ def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = 
             cells_text = [mean_std(f) + (f" ({k} of {len(r)} diverged)" if k else "")
                           for f, k, r in zip(finals, failed, runs)]
             if "acc" in keys[0]:     # the best: the highest accuracy, the lowest spread
-                sign = -1.0 if keys[0].endswith("_std") else 1.0
-                best = max((j for j in range(len(columns)) if finals[j]),
-                           key=lambda j: sign * statistics.mean(finals[j]), default=None)
+                by_seed = [{seed: scale_of * evals[-1][first_logged(evals[-1], keys)]
+                            for seed, evals in zip(s, r)
+                            if first_logged(evals[-1], keys) in evals[-1]}
+                           for s, r in zip(seeds, runs)]
+                best = clear_winner(by_seed, -1.0 if keys[0].endswith("_std") else 1.0)
                 if best is not None:
                     cells_text[best] = f"**{cells_text[best]}**"
             name = f"{row}: {label}" if label else row
@@ -661,6 +673,26 @@ def relative_costs(sweep: dict[str, Any], whole_runs: dict[Cell, list], row: str
 def first_logged(record: dict[str, Any], keys: list[str]) -> str:
     """The first of ``keys`` that an evaluation record holds (the last one if none does)."""
     return next((key for key in keys if key in record), keys[-1])
+
+
+def clear_winner(values: list[dict[int, float]], sign: float = 1.0) -> int | None:
+    """The index of the best of ``values`` (each column's values by seed; the highest mean, or
+    the lowest with ``sign`` -1) if it beats the runner-up significantly: a two-sided paired
+    t-test over the seeds both ran, at least 2 of them, gives p < SIGNIFICANCE (a gain the same
+    on every seed counts as significant); None otherwise, or with fewer than two columns."""
+    ranked = sorted((j for j, v in enumerate(values) if v),
+                    key=lambda j: -sign * statistics.mean(values[j].values()))
+    if len(ranked) < 2:
+        return None
+    best, second = ranked[:2]
+    seeds = sorted(values[best].keys() & values[second].keys())
+    a, b = [values[best][s] for s in seeds], [values[second][s] for s in seeds]
+    diff = [sign * (x - y) for x, y in zip(a, b)]
+    if len(seeds) < 2 or statistics.mean(diff) <= 0:
+        return None
+    if statistics.stdev(diff) == 0:
+        return best
+    return best if scipy.stats.ttest_rel(a, b).pvalue < SIGNIFICANCE else None
 
 
 def paired_difference(a: list[float], b: list[float]) -> str:

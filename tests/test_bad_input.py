@@ -187,6 +187,17 @@ CASES = [
      "tau must be > 0"),
     ("unknown hyperparameter", lambda t: ["--algorithm", "scaffold", "--algorithm-args",
                                           '{"muu": 1}'], "does not take ['muu']"),
+    ("server lr in algorithm args", lambda t: ["--algorithm", "fedavgm", "--algorithm-args",
+                                               '{"server_lr": 0.5}'],
+     "algorithm 'fedavgm' takes server_lr from --server-lr (server_lr in the config), not from "
+     "--algorithm-args"),
+    ("local lr in switch args", lambda t: ["--algorithm", "feddyn", "--switch-to", "fedavg",
+                                           "--switch-at", "1", "--switch-args", '{"lr": 0.1}'],
+     "algorithm 'fedavg' takes lr from --switch-lr (switch_lr in the config), not from "
+     "--switch-args"),
+    ("local lr in wrapper args", lambda t: ["--wrappers", '{"relaxed_init": {"beta": 0.1, '
+                                            '"lr": 0.1}}'],
+     "wrapper 'relaxed_init' takes lr from --lr (lr in the config), not from --wrappers"),
     ("algorithm args not an object", lambda t: ["--algorithm-args", "[1]"],
      "algorithm_args must be a JSON object"),
     ("unknown switch target", lambda t: ["--algorithm", "feddyn", "--switch-to", "fedfoo"],

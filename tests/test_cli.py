@@ -97,3 +97,37 @@ def test_algorithms_lists_every_algorithm_and_wrapper_with_its_hyperparameters(c
     assert "H^{t+1} = H^t + (1/N)" in out and "alpha: float = 0.01" in out   # rule, settings
     assert main(["algorithms", "fedfoo"]) == 2
     assert "unknown algorithm 'fedfoo'" in capsys.readouterr().err
+
+
+def test_the_algorithm_listing_speaks_flags_and_json_keys_not_python(capsys):
+    """Each summary line of ``fljax algorithms`` names hyperparameters as the --algorithm-args
+    (--wrappers) keys they are and shared settings as flags: no Python markup (double backticks,
+    calls, fljax. paths, True/False/None), no snake_case name but its own keys (so no
+    ``server_lr``, ``cohort_size``), and the factory's other Python arguments (``local``,
+    ``model``) as English words at most, never as ``local:`` or ``model=``."""
+    import inspect
+    import re
+
+    from fljax import algorithms
+    from fljax.arguments import settable
+    from fljax.cli import SUMMARIES
+
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    entries = re.split(r"\n  (\w+)\n", out)        # [title, name, text, name, text, ...]
+    listed = dict(zip(entries[1::2], entries[2::2]))
+    assert set(listed) == set(ALGORITHMS + WRAPPERS) == set(SUMMARIES)
+    python_names = {f.name for f in dataclasses.fields(ExperimentConfig)} | {
+        p for each in listed for p in inspect.signature(getattr(algorithms, each)).parameters}
+    for name, text in listed.items():
+        summary = " ".join(SUMMARIES[name].split())
+        assert " ".join(text.split()).startswith(summary), name
+        keys = {p.name for p in settable(name, getattr(algorithms, name))}
+        python_only = {p.name for p in inspect.signature(getattr(algorithms, name)).parameters
+                       .values()} - keys
+        assert not re.search(r"``|fljax\.|\w\(|\b(True|False|None)\b", summary), (name, summary)
+        words = set(re.findall(r"(?<![-\w])[a-z]\w*", summary))   # not inside a --flag-name
+        snake = {w for w in words if "_" in w} & python_names    # not maths such as c_i
+        assert snake <= keys, (name, summary)                     # no server_lr, cohort_size
+        for word in words & python_only:        # 'local', 'model': as English words only
+            assert not re.search(rf"\b{word}\b\s*[:=(]", summary), (name, summary)

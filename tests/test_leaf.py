@@ -141,6 +141,46 @@ def test_natural_users_train_end_to_end_from_the_cli(tmp_path):
     assert all(0 <= c < 8 for r in rounds for c in r["clients"])
 
 
+def user_npz(path, test_ids=True, ids=("b", "a", "c")):
+    """Three users (ids given as any integers or strings) of 30 vectors each; their test
+    examples' users optional."""
+    rng = np.random.default_rng(0)
+    arrays = dict(x_train=rng.normal(size=(90, 4)).astype(np.float32), y_train=np.arange(90) % 2,
+                  x_test=rng.normal(size=(12, 4)).astype(np.float32), y_test=np.arange(12) % 2,
+                  client_id_train=np.repeat(np.array(ids), 30))
+    if test_ids:
+        arrays["client_id_test"] = np.repeat(np.array(ids), 4)
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_an_npz_with_users_trains_on_them_or_says_why_not_in_one_line(tmp_path, capsys):
+    path = user_npz(tmp_path / "users.npz", test_ids=False)
+    run = ["--dataset", path, "--model", "linear", "--rounds", "1", "--local-steps", "1",
+           "--clients-per-round", "2", "--quiet"]
+    assert main(run + ["--out-dir", str(tmp_path / "dirichlet")]) == 2     # the default split
+    err = capsys.readouterr().err
+    assert err == (f"fljax: error: dataset {path!r} comes with 3 users (client_id_train): train "
+                   f"on them with --partition natural --num-clients 3, or leave client_id_train "
+                   f"and client_id_test out of the file to split its examples by partition "
+                   f"'dirichlet'\n")
+    assert main(run + ["--partition", "iid", "--out-dir", str(tmp_path / "iid")]) == 2
+    assert main(run + ["--partition", "natural", "--num-clients", "3",
+                       "--out-dir", str(tmp_path / "natural")]) == 0
+    log = [json.loads(line) for line in (tmp_path / "natural" / "metrics.jsonl").open()]
+    assert {c for line in log if line["kind"] == "round" for c in line["clients"]} <= {0, 1, 2}
+
+
+def test_an_npz_needs_no_test_users_and_takes_string_ids(tmp_path):
+    """client_id_test is optional (the global test set is scored whole); ids may be strings,
+    numbered in sorted order as partition natural numbers raw ids."""
+    without = load_dataset(user_npz(tmp_path / "a.npz", test_ids=False))
+    assert without.user_test is None and len(without.y_test) == 12
+    assert without.user_train.tolist() == [1] * 30 + [0] * 30 + [2] * 30   # a, b, c
+    with_ids = load_dataset(user_npz(tmp_path / "b.npz", ids=(12, -5, 400)))
+    assert with_ids.user_test.tolist() == [1] * 4 + [0] * 4 + [2] * 4
+
+
 def test_leaf_dataset_needs_its_directory(capsys):
     assert main(["--dataset", "leaf/femnist", "--partition", "natural", "--quiet"]) == 2
     assert "needs --data-dir" in capsys.readouterr().err

@@ -141,3 +141,38 @@ def test_reproduction_report_recomputes_every_claim_from_the_checked_in_results(
         expected = ("reproduced" if p < 0.05 and np.sign(diff.mean()) == c["sign"] else
                     "opposite" if p < 0.05 else "no significant difference")
         assert c["verdict"] == expected, c
+
+
+INSTALLING = ("quickstart.ipynb", "new_algorithm.ipynb", "feddyn_as_init_analysis.ipynb")
+
+
+def install_cell(name: str) -> str:
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    return "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+
+
+@pytest.mark.parametrize("name", INSTALLING)
+def test_the_install_cell_installs_fljax_from_the_source_set_or_says_what_to_set(name,
+                                                                              monkeypatch):
+    """Where fljax is importable the first cell does nothing; where it is not (a fresh Colab), it
+    pip-installs FLJAX_SOURCE, or stops with one line saying what to set when that is empty."""
+    import importlib.util
+    import subprocess
+
+    source = install_cell(name)
+    assert source == install_cell(INSTALLING[0])              # one cell, the same everywhere
+    assert 'FLJAX_SOURCE = ""' in source and "github.com/fljax" not in source
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: calls.append(args[0]))
+    exec(source, {})                                           # fljax importable: nothing
+    assert calls == []
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda module, *a: None if module == "fljax" else find_spec(module, *a))
+    with pytest.raises(SystemExit) as stop:
+        exec(source, {})
+    assert "set FLJAX_SOURCE" in str(stop.value) and "\n" not in str(stop.value)
+    assert calls == []
+    url = "git+https://example.org/me/fljax@main"
+    exec(source.replace('FLJAX_SOURCE = ""', f"FLJAX_SOURCE = {url!r}"), {})
+    assert calls == [[sys.executable, "-m", "pip", "install", "-q", url]]

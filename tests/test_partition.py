@@ -164,11 +164,19 @@ def test_natural_gives_each_user_its_examples():
     assert P.natural(users, 3)[2].tolist() == parts[2].tolist()  # no randomness
 
 
+def test_natural_takes_raw_user_ids_in_sorted_order():
+    """Ids as a dataset file holds them (arbitrary integers, or strings): the k-th smallest id is
+    client k, as the .npz loader numbers them."""
+    parts = P.natural(np.array([40, 7, 7, 40, -3, 7]), 3)
+    assert [p.tolist() for p in parts] == [[4], [1, 2, 5], [0, 3]]
+    parts = P.natural(np.array(["f0_b", "a12", "f0_b", "zz"]), 3)
+    assert [p.tolist() for p in parts] == [[1], [0, 2], [3]]
+
+
 @pytest.mark.parametrize("users, num_clients, message", [
     (np.array([0, 1, 1, 2]), 4, "num_clients must be the dataset's 3 users, got 4"),
-    (np.array([0, 2, 2]), 3, "user 1 has none"),
-    (np.array([0.0, 1.0]), 2, "integer"),
-    (np.array([0, -1]), 2, ">= 0, got -1"),
+    (np.array([0, 2, 2]), 3, "num_clients must be the dataset's 2 users, got 3"),
+    (np.array([0.0, 1.0]), 2, "integers or strings"),
     (np.zeros(0, np.int32), 1, "non-empty"),
 ])
 def test_natural_bad_users(users, num_clients, message):

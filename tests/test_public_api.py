@@ -1,6 +1,10 @@
 """The public Python API as a new user meets it: top-level names, reusable initial parameters,
 working defaults, and any Flax module as a model."""
 
+import dataclasses
+import pydoc
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -10,6 +14,7 @@ import pytest
 import fljax
 from fljax import algorithms
 from fljax.config import ALGORITHMS, WRAPPERS
+from fljax.fielddocs import document_fields
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +28,26 @@ def test_every_algorithm_and_wrapper_is_a_top_level_name():
     for name in (*ALGORITHMS, *WRAPPERS, "switch"):
         assert getattr(fljax, name) is getattr(algorithms, name), name
         assert name in fljax.__all__
+
+
+@pytest.mark.parametrize("cls", [fljax.ClientContext, fljax.Algorithm, fljax.RoundState,
+                                 fljax.ExperimentConfig], ids=lambda cls: cls.__name__)
+def test_help_gives_every_field_its_meaning(cls):
+    text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+    flat = " ".join(" ".join(re.sub(r"^ \|", "", line) for line in text.splitlines()).split())
+    assert "Alias for field number" not in text
+    if dataclasses.is_dataclass(cls):
+        meanings = {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+    else:
+        meanings = {name: getattr(cls, name).__doc__ for name in cls._fields}
+    for name, meaning in meanings.items():
+        assert meaning and " ".join(meaning.split()) in flat, name
+
+
+def test_a_field_without_its_meaning_is_refused():
+    with pytest.raises(TypeError, match=r"fields without a text \['weight'\]"):
+        document_fields(fljax.ClientContext, {name: "x" for name in fljax.ClientContext._fields
+                                              if name != "weight"})
 
 
 def test_two_algorithms_start_from_the_same_initial_params(digits):

@@ -86,11 +86,30 @@ def test_table_mean_std_bold_best_and_rounds_to_target(tmp_path):
             results[c] = curve(0.5, 0.8) if c.row == "IID" else curve(0.2, 0.9 - 0.5 * c.seed)
     lines = sweep.table(SPEC, results, "small").splitlines()
     assert lines[0] == "| setting | A | B->A |"
-    assert lines[2] == "| IID | 50.00 ± 14.14 | **80.00 ± 0.00** |"
+    assert lines[2] == "| IID | 50.00 ± 14.14 | 80.00 ± 0.00 |"      # 2 seeds: p = 0.2, no bold
     assert lines[3:7] == ["| IID: rounds to 50% | x | 2 |", "| IID: MB to 50% | x | 3 |",
                           "| IID: GFLOPs to 50% | x | 5 |", "| IID: seconds to 50% | x | 0.5 |"]
-    assert lines[7] == "| Dir | 50.00 ± 14.14 | **65.00 ± 35.36** |"
+    assert lines[7] == "| Dir | 50.00 ± 14.14 | 65.00 ± 35.36 |"
     assert lines[8] == "| Dir: rounds to 50% | x | x |"
+
+
+def test_the_best_is_bold_only_where_it_beats_the_runner_up_significantly(tmp_path):
+    """Bold: the best mean of a line whose paired t-test against the second best (over the seeds
+    both ran) gives p < 0.05; a larger mean that is no significant gain is not marked."""
+    spec = {**SPEC, "seeds": [0, 1, 2, 3], "rows": {"IID": SPEC["rows"]["IID"]},
+            "columns": {"A": {}, "B": {}, "C": {}}}
+    accuracy = {"A": [0.50, 0.60, 0.55, 0.65], "B": [0.52, 0.63, 0.56, 0.67],
+                "C": [0.10, 0.95, 0.35, 0.99]}       # C: the best mean, by luck of two seeds
+    cells = sweep.cells(spec, None, str(tmp_path))
+    results = {c: [{"round": 1, "accuracy": accuracy[c.column][c.seed]}] for c in cells}
+    assert "**" not in sweep.table(spec, results)
+    del spec["columns"]["C"]
+    line = sweep.table(spec, {c: e for c, e in results.items() if c.column != "C"}).splitlines()[2]
+    assert line == "| IID | 57.50 ± 6.45 | **59.50 ± 6.76** |"   # +2.0 ± 0.8, p = 0.016
+    assert sweep.clear_winner([{0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.5}]) == 0   # the same gain
+    assert sweep.clear_winner([{0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.5}], sign=-1) == 1
+    assert sweep.clear_winner([{0: 1.0}, {0: 0.5}]) is None                  # one seed
+    assert sweep.clear_winner([{0: 1.0, 1: 2.0}, {2: 0.5, 3: 1.5}]) is None  # no common seeds
 
 
 def test_best_round_reports_each_run_at_its_best_validation_evaluation(tmp_path):
@@ -110,7 +129,7 @@ def test_best_round_reports_each_run_at_its_best_validation_evaluation(tmp_path)
                for c in cells}
     spec = {**spec, "rows": {"IID": spec["rows"]["IID"]}}
     lines = sweep.table(spec, results, "small").splitlines()
-    assert lines[2] == "| IID | **60.00 ± 0.00** | 55.00 ± 7.07 |"
+    assert lines[2] == "| IID | 60.00 ± 0.00 | 55.00 ± 7.07 |"
     assert lines[3:5] == ["| IID: bytes / A | 1.00x | 1.00x |", "| IID: FLOPs / A | 1.00x | 3.00x |"]
     assert sweep.at_best_round([{"round": 1, "diverged": True}], "val_accuracy") == [
         {"round": 1, "diverged": True}]
@@ -131,8 +150,8 @@ def test_a_metric_may_name_keys_in_order_of_preference(tmp_path):
     results = {c: [{"round": 4, "accuracy": 0.5, "all_model/accuracy": 0.6,
                     **({"gamma/accuracy": 0.7} if c.column == "B->A" else {})}] for c in cells}
     lines = sweep.table(spec, results, None).splitlines()
-    assert lines[2:4] == ["| IID: avg model | 50.00 | **70.00** |",
-                          "| IID: all | **60.00** | 60.00 |"]
+    assert lines[2:4] == ["| IID: avg model | 50.00 | 70.00 |",      # 1 seed: no test, no bold
+                          "| IID: all | 60.00 | 60.00 |"]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(spec))
     assert sweep.load_sweep(str(path))["metrics"]["avg model"] == ["gamma/accuracy", "accuracy"]
@@ -258,7 +277,7 @@ def test_selection_uses_the_validation_split_and_reports_test_and_paired_stats(t
         results[c] = [{"round": 2, "accuracy": acc, "val_accuracy": val, "time_s": 1.0}]
     lines = sweep.table(GRID_SPEC, results).splitlines()
     assert lines[2] == "| Dir: selected on val_accuracy | lr=0.2 | lr=0.1, mu=0.01 |"
-    assert lines[3] == "| Dir | 72.00 ± 2.00 | **76.00 ± 2.65** |"
+    assert lines[3] == "| Dir | 72.00 ± 2.00 | 76.00 ± 2.65 |"       # p = 0.057: no bold
     p = scipy.stats.ttest_rel([75, 79, 74], [70, 74, 72]).pvalue
     assert lines[-3] == "| paired difference of test accuracy (points) | Dir |"
     assert lines[-1] == f"| P - A | +4.00 ± 1.73 (p = {p:.2g}, n = 3) |"
@@ -301,7 +320,7 @@ def test_a_diverging_grid_point_is_recorded_and_never_selected(tmp_path):
                                               "algorithm_args": {"mu": 0.1}}}, "compare": []}
     results = sweep.run_sweep(sweep.cells(no_grid, None, str(tmp_path)), train)
     assert sweep.table(no_grid, results).splitlines()[2] == \
-        "| Dir | **50.00 ± 0.00 (1 of 3 diverged)** |"
+        "| Dir | 50.00 ± 0.00 (1 of 3 diverged) |"                  # one column: no best
 
 
 def test_the_tuning_rule_extends_a_grid_past_a_selected_edge_until_it_is_interior(tmp_path):

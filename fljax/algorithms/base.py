@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from fljax.algorithms.transforms import zero_frozen
+from fljax.fielddocs import document_fields
 from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check, is_value
 
 Params = Any
@@ -46,32 +47,55 @@ LossFn = Callable[..., jax.Array]  # loss_fn(params, x, y, mask, rng) -> scalar
 class ClientContext(NamedTuple):
     """What a sampled client knows during a round (all leaves are traced arrays)."""
 
-    params: Params            # the broadcast global model w^t
-    server_state: Any         # the server's state (e.g. SCAFFOLD's c), read-only for clients
-    client_state: Any         # this client's own state s_i (``()`` when stateless)
-    round: jax.Array          # shape=(), int32: t
-    client_id: jax.Array      # shape=(), int32: i
-    weight: jax.Array         # shape=(), float: p_i, sums to 1 over the cohort
-    cohort_size: int          # |S^t| (static; a traced int under Bernoulli participation)
-    num_clients: int          # N, all clients (static)
-    num_examples: jax.Array   # shape=(), int32: n_i
-    mean_examples: jax.Array  # shape=(), float: mean of n_j over all N clients (FedDyn's weights)
-    num_steps: jax.Array      # shape=(), int32: local steps client i takes this round
-    max_steps: int            # the most local steps any client takes (static): num_steps <= it
-    steps_per_epoch: jax.Array  # shape=(), int32: ceil(n_i / batch size)
-    full_gradient: Callable[[Params], Params]  # grad of the mean model loss over all n_i
-                                               # examples (traced only if an algorithm calls it)
-    cohort_message: Any = ()  # sum over the cohort of cohort_start's messages (if it has one)
-    own_message: Any = ()     # this client's own cohort_start message (kept, not sent again)
+    params: Params
+    server_state: Any
+    client_state: Any
+    round: jax.Array
+    client_id: jax.Array
+    weight: jax.Array
+    cohort_size: int
+    num_clients: int
+    num_examples: jax.Array
+    mean_examples: jax.Array
+    num_steps: jax.Array
+    max_steps: int
+    steps_per_epoch: jax.Array
+    full_gradient: Callable[[Params], Params]
+    cohort_message: Any = ()
+    own_message: Any = ()
     train: Callable[..., Params] | None = None
-    # train(tx, start, stream, loss=None) -> the client's model after its num_steps steps of
-    #   ``tx`` from ``start`` on ``loss`` (default: the model's loss): the round's local loop run
-    #   again, on batches of an independent draw numbered ``stream`` >= 1 (Ditto's personal
-    #   model); set by the engine
-    message_key: jax.Array | None = None  # this client's key for randomness in its message
-                                          #   (a compressor's rounding), set by the engine
-    shared_key: jax.Array | None = None   # the round's key shared by every client (public
-                                          #   randomness: a compressor's rotation)
+    message_key: jax.Array | None = None
+    shared_key: jax.Array | None = None
+
+
+document_fields(ClientContext, {
+    "params": "the broadcast global model w^t",
+    "server_state": "the server's state (e.g. SCAFFOLD's c), read-only for clients",
+    "client_state": "this client's own state s_i (``()`` when stateless)",
+    "round": "shape=(), int32: the round t",
+    "client_id": "shape=(), int32: the client i",
+    "weight": "shape=(), float: the aggregation weight p_i, summing to 1 over the cohort",
+    "cohort_size": "|S^t|, the number of clients this round (static; a traced int under "
+                   "Bernoulli participation)",
+    "num_clients": "N, all clients (static)",
+    "num_examples": "shape=(), int32: n_i, this client's training examples",
+    "mean_examples": "shape=(), float: the mean of n_j over all N clients (FedDyn's weights)",
+    "num_steps": "shape=(), int32: the local steps client i takes this round",
+    "max_steps": "the most local steps any client takes (static): num_steps <= it",
+    "steps_per_epoch": "shape=(), int32: ceil(n_i / batch size)",
+    "full_gradient": "full_gradient(params) -> the gradient of the mean model loss over all n_i "
+                     "examples (traced only if an algorithm calls it)",
+    "cohort_message": "the sum over the cohort of cohort_start's messages (if it has one)",
+    "own_message": "this client's own cohort_start message (kept, not sent again)",
+    "train": "train(tx, start, stream, loss=None) -> the client's model after its num_steps "
+             "steps of ``tx`` from ``start`` on ``loss`` (default: the model's loss): the round's "
+             "local loop run again, on batches of an independent draw numbered ``stream`` >= 1 "
+             "(Ditto's personal model); set by the engine",
+    "message_key": "this client's key for randomness in its message (a compressor's rounding), "
+                   "set by the engine",
+    "shared_key": "the round's key shared by every client (public randomness: a compressor's "
+                  "rotation)",
+})
 
 
 class Algorithm(NamedTuple):
@@ -132,30 +156,60 @@ class Algorithm(NamedTuple):
     cohort_start: Callable[[ClientContext], Any] | None = None
     client_metrics: Callable[[ClientContext, Params, Params], dict[str, jax.Array]] = (
         lambda ctx, start, end: {})
-    exchanges: Callable[[int], int] = lambda round_index: 1   # server<->client exchanges in
-                                                              #   round t (FedGA: 2)
+    exchanges: Callable[[int], int] = lambda round_index: 1
     payload: Callable[[int], tuple[int, int]] = lambda round_index: (1, 1)
-    # model-sized vectors (down, up) a participating client receives and sends in round t, for
-    #   communication accounting (SCAFFOLD: model and control variate both ways)
     client_vectors: Callable[[ClientContext], dict[str, Params]] = lambda ctx: {}
-    # named per-client vectors derived from ctx.client_state, for probes (FedDyn: the local drift
-    #   -alpha_k h_k; SCAFFOLD: the control variate c_i)
     observe: Callable[[Any], tuple[Any, dict[str, jax.Array]]] | None = None
-    # observe(view) -> (server state, metrics), after the server update: sees the whole round
-    #   and population (a fljax.probes.RoundView); the adaptive switch decides here
     personal_model: Callable[[Params, Any, Any], Params] | None = None
-    # personal_model(w, server state, s_i) -> client i's own model (None: everyone uses w)
     adapt: Callable[[Params, Callable[[Params], Params]], Params] | None = None
-    # adapt(a user's model, grad of its mean training loss at given params) -> the model it is
-    #   scored with (before any fine-tuning): FedEM's E-step fits the user's mixture weights
     perturb: Callable[[Any, Any, jax.Array], Any] | None = None
-    # perturb(summed message, server state, key) -> the message server_update receives: the
-    #   server's own randomness on the cohort's sum (DP's Gaussian noise), from the round's
-    #   server key (``fljax.cohort.server_key``)
     message_bits: Callable[[int, Params], tuple[int, int]] | None = None
-    # message_bits(t, params) -> (bits down, bits up) a participating client receives and sends
-    #   in round t, for a model shaped like ``params`` (shapes suffice): a compressed uplink's
-    #   exact encoding (``fljax.algorithms.compress``); None: ``payload``'s model copies
+
+
+document_fields(Algorithm, {
+    "name": "the algorithm's name, as logs and tables show it",
+    "server_init": "server_init(params) -> the server's initial state (``()``: none)",
+    "client_init": "client_init(params) -> one client's initial state (``()``: none); the engine "
+                   "stacks it over all clients",
+    "client_start": "client_start(ctx, key) -> y_i,0, the local start (usually ``ctx.params``, "
+                    "w^t)",
+    "client_tx": "client_tx(ctx) -> the local optax optimizer of this round",
+    "client_loss": "client_loss(ctx, loss_fn) -> the local objective (``loss_fn(params, x, y, "
+                   "mask, rng)``: the model's masked mean cross-entropy)",
+    "client_end": "client_end(ctx, y_i,0, y_i,K) -> (new client state, message); messages are "
+                  "SUMMED over the cohort, so scale by ``ctx.weight`` for a weighted mean",
+    "server_update": "server_update(w^t, server state, summed message, t) -> (w^{t+1}, server "
+                     "state)",
+    "eval_models": "eval_models(w, server state) -> {name: params}: what evaluation scores, "
+                   "'global' first (FedExP: the mean of the last two iterates)",
+    "cohort_start": "cohort_start(ctx) -> a message of a first exchange, summed over the cohort "
+                    "into ``ctx.cohort_message`` (FedGA's full gradients); None: no first "
+                    "exchange",
+    "client_metrics": "client_metrics(ctx, y_i,0, y_i,K) -> {name: scalar}, logged as the "
+                      "cohort mean",
+    "exchanges": "exchanges(t) -> the server<->client exchanges of round t (FedGA: 2)",
+    "payload": "payload(t) -> (down, up): the model-sized vectors a participating client "
+               "receives and sends in round t, for communication accounting (SCAFFOLD: model "
+               "and control variate both ways)",
+    "client_vectors": "client_vectors(ctx) -> named per-client vectors derived from "
+                      "ctx.client_state, for probes (FedDyn: the local drift -alpha_k h_k; "
+                      "SCAFFOLD: the control variate c_i)",
+    "observe": "observe(view) -> (server state, metrics), after the server update: sees the "
+               "whole round and population (a fljax.probes.RoundView); the adaptive switch "
+               "decides here; None: nothing",
+    "personal_model": "personal_model(w, server state, s_i) -> client i's own model (None: "
+                      "everyone uses w)",
+    "adapt": "adapt(a user's model, grad of its mean training loss at given params) -> the model "
+             "it is scored with (before any fine-tuning): FedEM's E-step fits the user's "
+             "mixture weights; None: none",
+    "perturb": "perturb(summed message, server state, key) -> the message server_update "
+               "receives: the server's own randomness on the cohort's sum (DP's Gaussian "
+               "noise), from the round's server key (``fljax.cohort.server_key``); None: none",
+    "message_bits": "message_bits(t, params) -> (bits down, bits up) a participating client "
+                    "receives and sends in round t, for a model shaped like ``params`` (shapes "
+                    "suffice): a compressed uplink's exact encoding "
+                    "(``fljax.algorithms.compress``); None: ``payload``'s model copies",
+})
 
 
 class LocalSGD(NamedTuple):

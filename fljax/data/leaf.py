@@ -238,9 +238,12 @@ def write_synthetic(directory: str, alpha: float = 1.0, beta: float = 1.0, *,
 
 def load_user_npz(path: str) -> Dataset:
     """Your own data with users: an ``.npz`` with x_train, y_train, x_test, y_test and each
-    example's user, ``client_id_train`` and ``client_id_test`` (any integers; users are renumbered
-    0..U-1 in sorted order; a test example of a user without training data is dropped). Integer
-    x stays integer (tokens), floating x becomes float32; labels may be [N] or [N, ...]."""
+    training example's user, ``client_id_train`` (any integers or strings; users are renumbered
+    0..U-1 in sorted order). ``client_id_test``, each test example's user, is optional: given, a
+    test example of a user without training data is dropped; without it the whole test set is
+    kept (the global test set is scored; per-user test sets, --user-test-fraction, come from each
+    user's training examples either way). Integer x stays integer (tokens), floating x becomes
+    float32; labels may be [N] or [N, ...]."""
     if not os.path.isfile(path):
         raise FljaxError(f"dataset file {path!r} does not exist")
     try:
@@ -248,25 +251,28 @@ def load_user_npz(path: str) -> Dataset:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError) as err:
         raise FljaxError(f"dataset file {path!r} is not a readable .npz file ({err})") from None
-    needed = ("x_train", "y_train", "x_test", "y_test", "client_id_train", "client_id_test")
+    needed = ("x_train", "y_train", "x_test", "y_test", "client_id_train")
     missing = [k for k in needed if k not in arrays]
     if missing:
         raise FljaxError(f"dataset file {path!r} lacks array(s) {missing}; it needs "
-                         f"{list(needed)}")
+                         f"{list(needed)} (and optionally client_id_test)")
     for split in ("train", "test"):
-        x, y, users = (arrays[f"{k}_{split}"] for k in ("x", "y", "client_id"))
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        users = arrays.get(f"client_id_{split}", np.zeros(len(y), np.int32))
         if not (len(x) == len(y) == len(users)) or len(y) == 0:
             raise FljaxError(f"x_{split}, y_{split} and client_id_{split} in {path!r} must have "
                              f"one equal, non-zero length, got {len(x)}, {len(y)}, {len(users)}")
-        if not (np.issubdtype(y.dtype, np.integer) and np.issubdtype(users.dtype, np.integer)):
-            raise FljaxError(f"y_{split} and client_id_{split} in {path!r} must be integers, got "
-                             f"{y.dtype} and {users.dtype}")
+        if not np.issubdtype(y.dtype, np.integer) or users.dtype.kind not in "iuUS":
+            raise FljaxError(f"y_{split} in {path!r} must be integers and client_id_{split} "
+                             f"integers or strings, got {y.dtype} and {users.dtype}")
     names = np.unique(arrays["client_id_train"])
-    keep = np.isin(arrays["client_id_test"], names)
+    keep = (np.isin(arrays["client_id_test"], names) if "client_id_test" in arrays
+            else np.ones(len(arrays["y_test"]), bool))
     as_input = lambda x: x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x
     y_train, y_test = arrays["y_train"].astype(np.int32), arrays["y_test"][keep].astype(np.int32)
+    user_test = (np.searchsorted(names, arrays["client_id_test"][keep]).astype(np.int32)
+                 if "client_id_test" in arrays else None)
     return Dataset(os.path.basename(path), as_input(arrays["x_train"]), y_train,
                    as_input(arrays["x_test"][keep]), y_test,
                    int(max(y_train.max(), y_test.max(initial=0))) + 1,
-                   np.searchsorted(names, arrays["client_id_train"]).astype(np.int32),
-                   np.searchsorted(names, arrays["client_id_test"][keep]).astype(np.int32))
+                   np.searchsorted(names, arrays["client_id_train"]).astype(np.int32), user_test)

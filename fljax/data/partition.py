@@ -16,7 +16,8 @@ so the same arguments always give the same split.
   (McMahan et al., 2017; with k=1 and one client per class it is the FedGA EMNIST split of
   Dandi et al., 2022).
 * :func:`natural` -- the clients a dataset comes with: one client per user (e.g. the devices of
-  FedProx's Synthetic data, :mod:`fljax.data.synthetic`); not random, no seed.
+  FedProx's Synthetic data, :mod:`fljax.data.synthetic`), users given by any integer or string
+  ids; not random, no seed.
 * :func:`label_skew` -- mean total-variation distance between client and global label
   distributions, to measure how skewed a split is.
 """
@@ -221,26 +222,21 @@ def classes_per_client(labels, num_clients: int, classes_per_client: int, *, see
 
 
 def natural(users, num_clients: int) -> list[np.ndarray]:
-    """One client per user: client u holds the examples whose user id is u.
+    """One client per user: client k holds the examples of the k-th user id in sorted order.
 
-    ``users`` is a dataset's per-example user id (``Dataset.user_train``), integers 0..U-1 with
-    every user holding at least one example; ``num_clients`` must equal U (the number of clients
-    is the dataset's, not a choice).
+    ``users`` is each example's user id: any integers or strings (a dataset's ``user_train``,
+    0..U-1, or raw ids such as an .npz file's ``client_id_train``); ``num_clients`` must equal the
+    number U of distinct ids (the number of clients is the dataset's, not a choice).
     """
     users = np.asarray(users)
-    if users.ndim != 1 or users.size == 0 or not np.issubdtype(users.dtype, np.integer):
-        raise FljaxError(f"user ids must be a non-empty 1-D integer array, got shape {users.shape} "
-                         f"dtype {users.dtype}")
-    if users.min() < 0:
-        raise FljaxError(f"user ids must be >= 0, got {users.min()}")
-    counts = np.bincount(users)
-    if counts.min() == 0:
-        raise FljaxError(f"user ids must be 0..{len(counts) - 1} with examples for each, but user "
-                         f"{int(np.argmin(counts))} has none")
+    if users.ndim != 1 or users.size == 0 or users.dtype.kind not in "iuUS":
+        raise FljaxError(f"user ids must be a non-empty 1-D array of integers or strings, got "
+                         f"shape {users.shape} dtype {users.dtype}")
+    _, client, counts = np.unique(users, return_inverse=True, return_counts=True)
     if num_clients != len(counts):
         raise FljaxError(f"partition 'natural' gives one client per user: num_clients must be the "
                          f"dataset's {len(counts)} users, got {num_clients}")
-    order = np.argsort(users, kind="stable")
+    order = np.argsort(client.reshape(-1), kind="stable")
     return _sorted_parts(np.split(order, np.cumsum(counts)[:-1]))
 
 
