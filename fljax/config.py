@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import inspect
 import json
 import math
 import os
+import re
 from typing import Any, Callable, NamedTuple
 
 import optax
@@ -43,6 +45,12 @@ GROUPS = ("data", "model", "algorithm", "local training", "server", "privacy", "
 RENAMED = {"alpha": "dirichlet_alpha"}   # old config key -> its current name
 JSON_FIELDS = ("wrappers", "switch_when", "probe_args", "clock", "deadline", "asynchrony")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# Config fields that may change when a run resumes: they do not change the experiment itself (so
+# they are not part of its default run directory's name either).
+RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
+                               "keep_checkpoints", "client_chunk", "unroll", "num_devices",
+                               "target_accuracy", "coordinator_address", "num_processes",
+                               "process_id"})
 
 
 def option(default: Any, group: str, text: str, *aliases: str):
@@ -54,8 +62,9 @@ def option(default: Any, group: str, text: str, *aliases: str):
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """Every knob of one federated experiment. Defaults: the README's main job. Each field's
-    metadata holds its --help group and text."""
+    """Every knob of one federated experiment. Defaults: the README's main job (whose config
+    file also names its run directory, runs/digits_fedavg). Each field's metadata holds its
+    --help group and text."""
 
     dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
                           "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); "
@@ -194,8 +203,12 @@ class ExperimentConfig:
                              "one at the end)")
     seed: int = option(0, "run", "seed of the split, the initial model, client sampling and "
                        "batches")
-    out_dir: str = option("runs/digits_fedavg", "output", "run directory (metrics.jsonl, "
-                          "TensorBoard events, checkpoints, config.json); a run there resumes")
+    out_dir: str | None = option(None, "output", "run directory (metrics.jsonl, TensorBoard "
+                                 "events, checkpoints, config.json); a run there resumes. Unset: "
+                                 "runs/DATASET_ALGORITHM_HASH, HASH a digest of the values that "
+                                 "define the experiment (all but --rounds and the other output "
+                                 "and run settings a resume may change), so another experiment "
+                                 "gets another directory and more --rounds continue this one")
     checkpoint_every: int = option(20, "output", "rounds between checkpoints (and one at the "
                                    "end)")
     keep_checkpoints: int = option(3, "output", "how many recent checkpoints to keep")
@@ -329,6 +342,11 @@ class ExperimentConfig:
                                      f"{{...}}}}'), got {name}={getattr(self, name)}")
         return self
 
+    def run_dir(self) -> str:
+        """The run directory: ``out_dir`` if set, else ``runs/DATASET_ALGORITHM_HASH``
+        (``default_run_dir``)."""
+        return self.out_dir if self.out_dir is not None else default_run_dir(self)
+
     def users(self) -> int:
         """The number of training users: the clients less the new users held out."""
         if self.user_test_fraction == 0:
@@ -377,6 +395,26 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def experiment_hash(config: ExperimentConfig) -> str:
+    """8 hex digits of a digest of the values of ``config`` that define its experiment: those
+    that differ from the defaults (a field added to fljax later changes no name), but none of
+    RESUMABLE_CHANGES, so that a resume with more --rounds keeps the directory; the rounds count
+    only when --target-epsilon calibrates the noise to them."""
+    defaults = ExperimentConfig().to_dict()
+    values = {key: value for key, value in config.to_dict().items()
+              if value != defaults[key] and (key not in RESUMABLE_CHANGES or (
+                  key == "rounds" and config.target_epsilon is not None))}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def default_run_dir(config: ExperimentConfig) -> str:
+    """``runs/DATASET_ALGORITHM_HASH``: the dataset name kept to [A-Za-z0-9._-] (a path such as
+    'leaf/femnist' or '~/data/x.npz' becomes 'leaf_femnist', 'data_x.npz'), HASH
+    ``experiment_hash``."""
+    dataset = re.sub(r"[^A-Za-z0-9._-]", "_", config.dataset)[-40:].strip("._-") or "data"
+    return os.path.join("runs", f"{dataset}_{config.algorithm}_{experiment_hash(config)}")
 
 
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
