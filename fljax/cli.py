@@ -290,12 +290,13 @@ def _sweep(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     from fljax.multihost import is_primary
-    from fljax.train import RunInterrupted, results_table, rounds_held, run
+    from fljax.train import RunInterrupted, newest_round, results_table, run
 
     config, args = config_from_args(argv)
     if args.seeds is not None or args.set:
         return _grid(config, args)
-    if config.process_id == 0 and (args.fresh or rounds_held(config) < config.rounds):
+    if config.process_id == 0 and (args.fresh or
+                                   newest_round(config.run_dir()) < config.rounds):
         print(f"fljax: writing to {config.run_dir()}", flush=True)
     try:
         evaluations = run(config, progress=not args.quiet, fresh=args.fresh)

@@ -65,13 +65,19 @@ class RoundsHeld(FljaxError):
         self.runs = runs
 
 
+def newest_round(run_dir: str) -> int:
+    """The round of the newest checkpoint directory in ``run_dir`` (0 without one), from the
+    directory's listing alone (nothing is read or opened: JAX may not have started)."""
+    directory = os.path.join(run_dir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return max((int(name) for name in names if name.isdigit()), default=0)
+
+
 def rounds_held(config: ExperimentConfig) -> int:
     """The round of the newest checkpoint in ``config``'s run directory, read without changing
     anything there; 0 without one, and for one that is damaged or another experiment's (the run
     then says what is wrong)."""
-    directory = os.path.join(config.run_dir(), "checkpoints")
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    newest = max((int(name) for name in names if name.isdigit()), default=0)
+    newest = newest_round(config.run_dir())
     if not newest:
         return 0
     try:
