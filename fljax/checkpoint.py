@@ -21,15 +21,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from fljax.config import current_names
-from fljax.errors import RESUME, SPACE, FljaxError, os_reason
-
-# Config fields that may change when a run resumes: they do not change the experiment itself.
-RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
-                               "keep_checkpoints", "client_chunk", "unroll", "num_devices",
-                               "target_accuracy", "coordinator_address", "num_processes",
-                               "process_id",
-                               "imports"})   # where registered names came from (config.record)
+from fljax.config import RESUMABLE_CHANGES, current_names
+from fljax.errors import NEW_RUN, RESUME, SPACE, FljaxError, os_reason
 
 
 class Damaged(FljaxError):
@@ -43,21 +36,23 @@ class Damaged(FljaxError):
 class Checkpoints:
     """The checkpoints of one run directory."""
 
-    def __init__(self, out_dir: str, keep: int = 3):
+    def __init__(self, out_dir: str, keep: int = 3, read_only: bool = False):
+        """``read_only``: only read (the directory must exist); nothing there is changed."""
         self.directory = os.path.abspath(os.path.join(out_dir, "checkpoints"))
         if os.path.exists(self.directory) and not os.path.isdir(self.directory):
             raise FljaxError(f"{self.directory!r} is not a directory, so it cannot hold the "
                              f"run's checkpoints; move it away or use another --out-dir")
         # What a write cut short (a kill, a full disk) left: removed here, before orbax starts
         # (its own clean-up runs in the background and races the next save's).
-        if os.path.isdir(self.directory):
+        if os.path.isdir(self.directory) and not read_only:
             for name in os.listdir(self.directory):
                 if ".orbax-checkpoint-tmp" in name:
                     shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=False,
-                                               enable_async_checkpointing=False)
         try:
             with _quiet():
+                options = ocp.CheckpointManagerOptions(
+                    max_to_keep=keep, cleanup_tmp_directories=False,
+                    enable_async_checkpointing=False, read_only=read_only, create=not read_only)
                 self._manager = ocp.CheckpointManager(self.directory, options=options)
         except Exception as e:  # orbax raises many kinds on an unreadable directory
             raise FljaxError(f"checkpoint directory {self.directory!r} cannot be opened: "
@@ -167,8 +162,7 @@ class Checkpoints:
         if damaged:
             older = (f" (nor can the {len(damaged) - 1} older one(s))" if len(damaged) > 1
                      else "")
-            raise FljaxError(f"{damaged[0]}{older}; use --fresh to start over or another "
-                             f"--out-dir")
+            raise FljaxError(f"{damaged[0]}{older}; {NEW_RUN}")
         return None, None, []
 
     def set_aside(self, round_index: int, where: str) -> str:
@@ -283,8 +277,8 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
             continue
         if saved.get(key) != current.get(key):
             raise FljaxError(f"the checkpoint in {where!r} is from a different experiment: {key} "
-                             f"is {saved.get(key)!r} there and {current.get(key)!r} here; use "
-                             f"--fresh to start over or another --out-dir")
+                             f"is {saved.get(key)!r} there and {current.get(key)!r} here; "
+                             f"{NEW_RUN}")
 
 
 def _ignore_abandoned_reads() -> None:

@@ -69,7 +69,9 @@ def _run_parser() -> argparse.ArgumentParser:
                              "for - (clients_per_round); flags override it")
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
     groups["output"].add_argument("--fresh", action="store_true",
-                                  help="start over, deleting the checkpoints in --out-dir")
+                                  help="start over: first delete the run's checkpoints and logs "
+                                       "in --out-dir (checkpoints/, damaged_checkpoints/, "
+                                       "metrics.jsonl, tb/, config.json; nothing else there)")
     groups["output"].add_argument("--quiet", action="store_true", help="no progress bar")
     groups["run"].add_argument("--seeds", metavar="SEEDS",
                                help="several runs: these seeds (e.g. 0-9 or 0,3,5), each in "
@@ -113,7 +115,7 @@ def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namesp
     config = load_config(args.config, **given) if args.config else ExperimentConfig().replace(
         **given)
     grid = args.seeds is not None or bool(args.set)
-    import_recorded(config.out_dir, depth=2 if grid else 0)   # a resume of registered names
+    import_recorded(config.run_dir(), depth=2 if grid else 0)   # a resume of registered names
     return config.validate(), args
 
 
@@ -273,25 +275,30 @@ def _batch_flags(parser: argparse.ArgumentParser) -> None:
                         help="at most N runs in one program (1: one run at a time)")
 
 
-def _run_cells(cell_list, args, spec=None):
+def _run_cells(cell_list, args, spec=None, where=None):
     """Train the cells, those that share a program together (a sweep scale with 'hyperband':
-    each cell's grid points searched with early stopping); their results by cell."""
+    each cell's grid points searched with early stopping); their results by cell. ``where``: a
+    line saying where the runs write, printed once no run directory holds more rounds than
+    asked."""
     from fljax import hyperband, sweep
-    from fljax.train import run_many
-
-    options = None if spec is None else sweep.hyperband_options(spec, args.scale)
-    if options:
-        return hyperband.run_pruned(cell_list, lambda cells: _run_cells(cells, args), options,
-                                    spec.get("selection", "val_accuracy"))
+    from fljax.train import check_rounds, run_many
 
     if args.max_runs is not None and args.max_runs < 1:
         raise FljaxError(f"--max-runs must be >= 1, got {args.max_runs}")
     if args.batch_memory is not None and args.batch_memory <= 0:
         raise FljaxError(f"--batch-memory must be > 0 (MB), got {args.batch_memory}")
+    fresh = getattr(args, "fresh", False)
+    if not fresh:               # before anything is trained
+        check_rounds([cell.config for cell in cell_list])
+    if where:
+        print(f"fljax: writing to {where}", flush=True)
+    options = None if spec is None else sweep.hyperband_options(spec, args.scale)
+    if options:
+        return hyperband.run_pruned(cell_list, lambda cells: _run_cells(cells, args), options,
+                                    spec.get("selection", "val_accuracy"))
     limit = None if args.batch_memory is None else int(args.batch_memory * 2**20)
     return sweep.run_sweep(
-        cell_list, lambda configs: run_many(configs, progress=not args.quiet,
-                                            fresh=getattr(args, "fresh", False),
+        cell_list, lambda configs: run_many(configs, progress=not args.quiet, fresh=fresh,
                                             memory_limit=limit),
         args.max_runs or len(cell_list))
 
@@ -336,7 +343,7 @@ def _sweep(argv: list[str]) -> int:
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:
-            results = _run_cells(cell_list, args, spec)
+            results = _run_cells(cell_list, args, spec, where=out_dir)
             for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
                 more = sweep.extensions(spec, cell_list, results)
                 if not more:
@@ -361,11 +368,14 @@ def _sweep(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     from fljax.multihost import is_primary
-    from fljax.train import RunInterrupted, results_table, run
+    from fljax.train import RunInterrupted, newest_round, results_table, run
 
     config, args = config_from_args(argv)
     if args.seeds is not None or args.set:
         return _grid(config, args)
+    if config.process_id == 0 and (args.fresh or
+                                   newest_round(config.run_dir()) < config.rounds):
+        print(f"fljax: writing to {config.run_dir()}", flush=True)
     try:
         evaluations = run(config, progress=not args.quiet, fresh=args.fresh)
     except RunInterrupted as e:
@@ -378,7 +388,7 @@ def _run(argv: list[str]) -> int:
                             f"{config.dataset}, "
                             f"{config.partition} split over {config.num_clients} clients, "
                             f"{config.clients_per_round} per round; log: "
-                            f"{config.out_dir}/metrics.jsonl", config.target_accuracy))
+                            f"{config.run_dir()}/metrics.jsonl", config.target_accuracy))
     return 0
 
 
@@ -403,15 +413,16 @@ def _grid(config, args) -> int:
     seeds = sweep.parse_seeds(args.seeds) if args.seeds is not None else [config.seed]
     cell_list = sweep.grid_cells(config, seeds, sweep.parse_grid(args.set))
     try:
-        results = _run_cells(cell_list, args)
+        results = _run_cells(cell_list, args, where=f"{config.run_dir()} ({len(cell_list)} runs, "
+                             f"each in {'POINT/' if args.set else ''}seed_S)")
     except RunInterrupted as e:
         print(f"fljax: {e}", file=sys.stderr)
         return 130
     with _ctrl_c_exits("interrupted after the runs finished; everything is saved"):
         text = (f"{config.algorithm} ({aggregation_said(config)}) on {config.dataset}, "
                 f"{len(seeds)} seed(s) per setting; "
-                f"runs in {config.out_dir}\n\n" + sweep.grid_table(results))
-        write_file(os.path.join(config.out_dir, "results.md"), text + "\n")
+                f"runs in {config.run_dir()}\n\n" + sweep.grid_table(results))
+        write_file(os.path.join(config.run_dir(), "results.md"), text + "\n")
         print(text)
     return 0
 

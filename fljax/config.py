@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import inspect
 import json
 import math
 import os
+import re
 from typing import Any, Callable, NamedTuple
 
 import optax
@@ -44,6 +46,14 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # a grid key) turns the other off, unless the same values name both.
 LOCAL_WORK = ("local_steps", "local_epochs")
 
+# Config fields that may change when a run resumes: they do not change the experiment itself (so
+# they are not part of its default run directory's name either).
+RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
+                               "keep_checkpoints", "client_chunk", "unroll", "num_devices",
+                               "target_accuracy", "coordinator_address", "num_processes",
+                               "process_id",
+                               "imports"})   # where registered names came from (record)
+
 
 def option(default: Any, group: str, text: str, *aliases: str):
     """A config field with its group and one-line help ``text`` for ``fljax --help``;
@@ -54,8 +64,9 @@ def option(default: Any, group: str, text: str, *aliases: str):
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """Every knob of one federated experiment. Defaults: the README's main job. Each field's
-    metadata holds its --help group and text."""
+    """Every knob of one federated experiment. Defaults: the README's main job (whose config
+    file also names its run directory, runs/digits_fedavg). Each field's metadata holds its
+    --help group and text."""
 
     dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
                           "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); "
@@ -201,8 +212,12 @@ class ExperimentConfig:
                              "one at the end)")
     seed: int = option(0, "run", "seed of the split, the initial model, client sampling and "
                        "batches")
-    out_dir: str = option("runs/digits_fedavg", "output", "run directory (metrics.jsonl, "
-                          "TensorBoard events, checkpoints, config.json); a run there resumes")
+    out_dir: str | None = option(None, "output", "run directory (metrics.jsonl, TensorBoard "
+                                 "events, checkpoints, config.json); a run there resumes. Unset: "
+                                 "runs/DATASET_ALGORITHM_HASH, HASH a digest of the values that "
+                                 "define the experiment (all but --rounds and the other output "
+                                 "and run settings a resume may change), so another experiment "
+                                 "gets another directory and more --rounds continue this one")
     checkpoint_every: int = option(20, "output", "rounds between checkpoints (and one at the "
                                    "end)")
     keep_checkpoints: int = option(3, "output", "how many recent checkpoints to keep")
@@ -338,6 +353,11 @@ class ExperimentConfig:
                                      f"{{...}}}}'), got {name}={getattr(self, name)}")
         return self
 
+    def run_dir(self) -> str:
+        """The run directory: ``out_dir`` if set, else ``runs/DATASET_ALGORITHM_HASH``
+        (``default_run_dir``)."""
+        return self.out_dir if self.out_dir is not None else default_run_dir(self)
+
     def users(self) -> int:
         """The number of training users: the clients less the new users held out."""
         if self.user_test_fraction == 0:
@@ -391,11 +411,13 @@ class ExperimentConfig:
     def resolved(self) -> "ExperimentConfig":
         """This config with what it leaves to the algorithm filled in: ``aggregation`` unset is
         the one the algorithm declares as its paper's (``fljax.registry.declare``), else
-        'examples'. What a run trains, records in its directory and reports."""
-        if self.aggregation is not None:
+        'examples'. What a run trains, records in its directory and reports. Its ``out_dir`` is
+        this config's ``run_dir()`` (the name comes from the values as given)."""
+        if self.aggregation is not None and self.out_dir is not None:
             return self
         settings = registry.declared(registry.lookup("algorithm", self.algorithm))
-        return dataclasses.replace(self, aggregation=settings.get("aggregation", "examples"))
+        return dataclasses.replace(self, out_dir=self.run_dir(), aggregation=(
+            self.aggregation or settings.get("aggregation", "examples")))
 
     def imports(self) -> dict[str, dict[str, str]]:
         """{kind: {name: import path}} of the registered names this config uses (its algorithm,
@@ -413,6 +435,27 @@ class ExperimentConfig:
 
 
 ExperimentConfig.__doc__ = list_fields(ExperimentConfig)     # help() lists every field's meaning
+
+
+def experiment_hash(config: ExperimentConfig) -> str:
+    """8 hex digits of a digest of the values of ``config`` that define its experiment: those
+    that differ from the defaults (a field added to fljax later changes no name), but none of
+    RESUMABLE_CHANGES, so that a resume with more --rounds keeps the directory; the rounds count
+    only when --target-epsilon calibrates the noise to them."""
+    defaults = ExperimentConfig().to_dict()
+    values = {key: value for key, value in config.to_dict().items()
+              if value != defaults[key] and (key not in RESUMABLE_CHANGES or (
+                  key == "rounds" and config.target_epsilon is not None))}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def default_run_dir(config: ExperimentConfig) -> str:
+    """``runs/DATASET_ALGORITHM_HASH``: the dataset name kept to [A-Za-z0-9._-] (a path such as
+    'leaf/femnist' or '~/data/x.npz' becomes 'leaf_femnist', 'data_x.npz'), HASH
+    ``experiment_hash``."""
+    dataset = re.sub(r"[^A-Za-z0-9._-]", "_", config.dataset)[-40:].strip("._-") or "data"
+    algorithm = re.sub(r"[^A-Za-z0-9._-]", "_", config.algorithm)[-40:]  # an import path too
+    return os.path.join("runs", f"{dataset}_{algorithm}_{experiment_hash(config)}")
 
 
 def current_names(values: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,9 @@ class FljaxError(ValueError):
 
 RESUME = "nothing written before is lost: run the same command again to resume"
 SPACE = "nothing written before is lost: free space and run the same command again to resume"
+# What a run refused in a directory that holds another run can do instead.
+NEW_RUN = ("use --out-dir NEW for a new run in a new directory, or --fresh to delete this "
+           "directory's checkpoints and logs (metrics.jsonl, tb/, config.json) and start over")
 
 
 def os_reason(error: BaseException) -> str | None:

@@ -16,6 +16,7 @@ so a sweep run again (every run resumed from its checkpoints, nothing retrained)
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from typing import Any, Callable
 
@@ -73,7 +74,7 @@ def run_pruned(cell_list: list, run: Callable[[list], dict], options: dict[str, 
             eval_every = cells[0].config.eval_every
             for rung in rungs(options["min_rounds"], eta, rounds, eval_every):
                 short = [c._replace(config=c.config.replace(rounds=rung)) for c in cells]
-                trained = run(short)
+                trained = _stored_or_run(short, run)
                 evaluations = [trained[c] for c in short]
                 if any(e and e[-1].get("diverged") for e in evaluations):
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -98,3 +99,17 @@ def run_pruned(cell_list: list, run: Callable[[list], dict], options: dict[str, 
                     study.tell(trial, score)
                     results.update(zip(cells, evaluations))
     return results
+
+
+def _stored_or_run(cells: list, run: Callable[[list], dict]) -> dict:
+    """``run(cells)``, except for the cells whose run directory already holds more rounds than
+    they ask (a sweep run again, past this rung): their logged evaluations up to their rounds,
+    read without touching the directory."""
+    from fljax.logs import read_log
+    from fljax.train import rounds_held
+
+    ahead = [c for c in cells if rounds_held(c.config) > c.config.rounds]
+    results = {c: [r for r in read_log(os.path.join(c.config.run_dir(), "metrics.jsonl"))
+                   if r.get("kind") == "eval" and r["round"] <= c.config.rounds] for c in ahead}
+    rest = [c for c in cells if c not in results]
+    return {**results, **(run(rest) if rest else {})}

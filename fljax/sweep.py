@@ -339,8 +339,8 @@ def grid_cells(config: ExperimentConfig, seeds: list[int], grid: dict[str, list]
     cells = []
     for setting in grid_points(grid) if grid else [()]:
         for seed in seeds:
-            run_dir = os.path.join(config.out_dir, *([setting_slug(setting)] if setting else []),
-                                   f"seed_{seed}")
+            point = [setting_slug(setting)] if setting else []
+            run_dir = os.path.join(config.run_dir(), *point, f"seed_{seed}")
             values = {**with_setting(config.to_dict(), setting), "seed": seed, "out_dir": run_dir}
             cells.append(Cell("run", setting_slug(setting) or "run", seed,
                               ExperimentConfig().replace(**values).validate(), setting))

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from fljax import registry
 from fljax.accounting import client_bits
-from fljax.checkpoint import Checkpoints
+from fljax.checkpoint import Checkpoints, check_same_experiment
 from fljax.config import ExperimentConfig
 from fljax.errors import FljaxError, writing
 from fljax.experiment import Batch, Experiment, batch_memory, batch_of, build
@@ -43,6 +43,81 @@ class Diverged(FljaxError):
     def __init__(self, message: str, round_index: int):
         super().__init__(message)
         self.round = round_index
+
+
+class RoundsHeld(FljaxError):
+    """Run directories that already hold more rounds than asked: ``runs``, a list of
+    ``(directory, rounds held, rounds asked)``. Nothing was trained, nothing changed."""
+
+    def __init__(self, runs: list[tuple[str, int, int]]):
+        directory, held, asked = runs[0]
+        most = max(h for _, h, _ in runs)
+        if len(runs) == 1:
+            message = (f"{directory} already holds {held} rounds (asked: {asked}); nothing was "
+                       f"trained. Use --rounds {held} to see its results, --out-dir NEW for a "
+                       f"new run, or --fresh to delete this directory's checkpoints and logs "
+                       f"and start over")
+        else:
+            message = (f"{len(runs)} run directories already hold more rounds than asked "
+                       f"({directory} holds {held}, asked: {asked}); nothing was trained. Use "
+                       f"--rounds {most} to see their results, --out-dir NEW for new runs, or "
+                       f"--fresh to delete their checkpoints and logs and start over")
+        super().__init__(message)
+        self.runs = runs
+
+
+def newest_round(run_dir: str) -> int:
+    """The round of the newest checkpoint directory in ``run_dir`` (0 without one), from the
+    directory's listing alone (nothing is read or opened: JAX may not have started)."""
+    directory = os.path.join(run_dir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return max((int(name) for name in names if name.isdigit()), default=0)
+
+
+def rounds_held(config: ExperimentConfig) -> int:
+    """The round of the newest checkpoint in ``config``'s run directory, read without changing
+    anything there; 0 without one, and for one that is damaged or another experiment's (the run
+    then says what is wrong)."""
+    newest = newest_round(config.run_dir())
+    if not newest:
+        return 0
+    try:
+        checkpoints = Checkpoints(config.run_dir(), read_only=True)
+        try:
+            check_same_experiment(checkpoints.saved_config(newest), config.to_dict(),
+                                  checkpoints.directory, ExperimentConfig().to_dict())
+        finally:
+            checkpoints.close()
+    except FljaxError:
+        return 0
+    return newest
+
+
+def check_rounds(configs: list[ExperimentConfig]) -> None:
+    """RoundsHeld naming the runs of ``configs`` whose directory holds a checkpoint past their
+    ``rounds`` (before anything is built, trained or written)."""
+    held = [(c.run_dir(), rounds_held(c), c.rounds) for c in configs]
+    past = [run for run in held if run[1] > run[2]]
+    if past:
+        raise RoundsHeld(past)
+
+
+# What --fresh deletes in a run directory: the files a run writes there.
+RUN_FILES = ("checkpoints", "damaged_checkpoints", "tb", "metrics.jsonl", "config.json")
+
+
+def delete_run_files(directory: str) -> None:
+    """``--fresh``: delete the run's checkpoints and logs (RUN_FILES) in ``directory``; nothing
+    else there is touched."""
+    for name in RUN_FILES:
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+        except OSError as e:
+            raise FljaxError(f"--fresh cannot delete {path!r} ({e.strerror})") from None
 
 
 class RunInterrupted(Exception):
@@ -117,45 +192,64 @@ class RunRecord:
                  flops: Callable[[Any], float], share: float = 1.0):
         self.config = config
         self.experiment = experiment
+        self.directory = config.run_dir()
         self._closing, self._primary, self._flops, self._share = closing, primary, flops, share
-        writable_dir(config.out_dir, "output dir")
-        checkpoint_dir = os.path.join(config.out_dir, "checkpoints")
-        if fresh and primary and os.path.isdir(checkpoint_dir):
-            try:
-                shutil.rmtree(checkpoint_dir)
-            except OSError as e:
-                raise FljaxError(f"--fresh cannot delete {checkpoint_dir!r} "
-                                 f"({e.strerror})") from None
+        writable_dir(self.directory, "output dir")
+        if fresh and primary:
+            delete_run_files(self.directory)
         barrier("fresh")
         self.checkpoints = closing.enter_context(contextlib.closing(
-            Checkpoints(config.out_dir, keep=config.keep_checkpoints)))
+            Checkpoints(self.directory, keep=config.keep_checkpoints)))
         writable_dir(self.checkpoints.directory, "checkpoint dir")
         self.last_round: dict[str, float] = {}
         self.postfix: dict[str, str] = {}
 
     def resume(self, initial) -> tuple[int, Any]:
+        """``restore`` then ``open``: (rounds done, state to continue from)."""
+        done, state = self.restore(initial)
+        self.open()
+        return done, state
+
+    def restore(self, initial) -> tuple[int, Any]:
         """(rounds done, state to continue from: the newest intact checkpoint's, or ``initial``),
-        opening the log (its records after that checkpoint are dropped) and writing
-        config.json. A damaged newer checkpoint is set aside with a warning."""
-        config, checkpoints = self.config, self.checkpoints
-        saved_round, saved_state, damaged = checkpoints.restore_latest(
+        changing nothing in the run directory. RoundsHeld if that checkpoint is past
+        ``config.rounds``; a finished run (a checkpoint at ``config.rounds``) says in one line
+        that nothing will be trained."""
+        config = self.config
+        saved_round, saved_state, self._damaged = self.checkpoints.restore_latest(
             initial, config.to_dict(), defaults=ExperimentConfig().to_dict(),
             derived=("hparams",))      # whichever runs shared the program that saved it
-        self.log = self._closing.enter_context(contextlib.closing(  # reads, then rewrites it
-            (RunLog if self._primary else SilentLog)(config.out_dir, saved_round)))
-        for error in damaged if self._primary else ():
-            moved = checkpoints.set_aside(error.round, os.path.join(config.out_dir,
+        self.done, self.finished = saved_round or 0, saved_round == config.rounds
+        if self.done > config.rounds:
+            raise RoundsHeld([(self.directory, self.done, config.rounds)])
+        if self.finished and self._primary:
+            print(f"fljax: {self.directory} holds a finished run of {self.done} rounds; nothing "
+                  f"was trained: its results are the stored ones", flush=True)
+        self._initial_params = jax.eval_shape(lambda: initial.params)
+        return self.done, (initial if saved_state is None else saved_state)
+
+    def open(self) -> None:
+        """Open the log (its records after the restored checkpoint are dropped), write
+        config.json and set damaged newer checkpoints aside with a warning; a finished run's log
+        and config.json are left as they are."""
+        config, checkpoints = self.config, self.checkpoints
+        if self.finished:
+            self.log = SilentLog(self.directory, self.done)
+        else:
+            self.log = self._closing.enter_context(contextlib.closing(  # reads, rewrites it
+                (RunLog if self._primary else SilentLog)(self.directory, self.done or None)))
+        for error in self._damaged if self._primary else ():
+            moved = checkpoints.set_aside(error.round, os.path.join(self.directory,
                                                                     "damaged_checkpoints"))
             print(f"fljax: warning: {error}; moved to {moved!r}; resuming from checkpoint "
-                  f"{saved_round}", file=sys.stderr)
-        if self._primary:
-            write_file(os.path.join(config.out_dir, "config.json"),
+                  f"{self.done}", file=sys.stderr)
+        if self._primary and not self.finished:
+            write_file(os.path.join(self.directory, "config.json"),
                        json.dumps(config.record(), indent=1))
         logged = read_log(self.log.path)
         self.time_s = max([r["time_s"] for r in logged] or [0.0])
         self.cost = Accounting(self.experiment, config, logged, self._flops,
-                               jax.eval_shape(lambda: initial.params))
-        return saved_round or 0, (initial if saved_state is None else saved_state)
+                               self._initial_params)
 
     def exchanged(self, rounds: int) -> int:
         """Server<->client exchanges in rounds 0..rounds-1 (FedGA's extra one counted)."""
@@ -211,12 +305,15 @@ class RunRecord:
         self.checkpoints.save(round_index, state, self.config.record())
 
     def evaluations(self) -> list[dict[str, Any]]:
-        return [r for r in read_log(self.log.path) if r["kind"] == "eval"]
+        """The run's evaluation records (a finished run's: those its last checkpoint covers)."""
+        return [r for r in read_log(self.log.path)
+                if r["kind"] == "eval" and r["round"] <= self.config.rounds]
 
 
 def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
         experiment: Experiment | None = None) -> list[dict[str, Any]]:
-    """Train until round ``config.rounds``, resuming from ``config.out_dir`` unless ``fresh``.
+    """Train until round ``config.rounds``, resuming from ``config.run_dir()`` unless ``fresh``
+    (which first deletes the checkpoints and logs there, ``delete_run_files``).
 
     Returns every evaluation record of the run (also in ``OUT_DIR/metrics.jsonl``). Raises
     FljaxError for bad input or divergence, RunInterrupted after Ctrl-C. Everything is checked
@@ -224,12 +321,15 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
     directory is changed, so a run that cannot start leaves it as it was (``fresh`` aside). A
     damaged checkpoint is moved to ``OUT_DIR/damaged_checkpoints`` and the run resumes from the
     newest intact one. From the first write on, Ctrl-C stops the run after the current round.
+    A directory that holds more rounds than ``config.rounds`` is refused (RoundsHeld) and left as
+    it is; one that holds exactly as many is a finished run: nothing is trained or written, and
+    its stored evaluations are returned.
 
     With ``config.num_processes`` > 1, every process calls ``run`` with the same config (but its
     own ``process_id``): they train one model over all their devices, and process 0 writes the
     log (``fljax.multihost``).
     """
-    import_recorded(config.out_dir)
+    import_recorded(config.run_dir())
     config.validate()
     start_processes(config.coordinator_address, config.num_processes, config.process_id)
     try:
@@ -244,6 +344,8 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
 def _run(config: ExperimentConfig, progress: bool, fresh: bool,
          experiment: Experiment | None) -> list[dict[str, Any]]:
     check_devices(config.num_devices)
+    if not fresh:
+        check_rounds([config])     # at once, before the data is read
     experiment = experiment or build(config)
     config = experiment.config              # resolved: what the algorithm leaves unset, filled
     primary = is_primary()
@@ -335,7 +437,8 @@ def run_batch(batch: Batch, *, progress: bool = True,
     evaluated and checkpointed on its own schedule; the runs advance together and a run that
     finished or diverged waits, unchanged, for the others. Returns each run's evaluation
     records, or its Diverged error. Ctrl-C stops every run after the current round with a
-    checkpoint (RunInterrupted)."""
+    checkpoint (RunInterrupted). Runs whose directories hold more rounds than they ask: one
+    RoundsHeld naming them, before any run directory is written to."""
     experiments, round_fn = batch.experiments, batch.round_fn
     size = len(experiments)
     flops = {}
@@ -350,7 +453,16 @@ def run_batch(batch: Batch, *, progress: bool = True,
             runs = [RunRecord(e.config, e, closing, fresh=fresh, primary=True, share=1.0 / size,
                               flops=lambda _: flops["value"]) for e in experiments]
             initial = batch.initial_state()
-            resumed = [run.resume(take(initial, r)) for r, run in enumerate(runs)]
+            resumed, held = [], []
+            for r, run in enumerate(runs):      # every run checked before any is written to
+                try:
+                    resumed.append(run.restore(take(initial, r)))
+                except RoundsHeld as e:
+                    held += e.runs
+            if held:
+                raise RoundsHeld(held)
+            for run in runs:
+                run.open()
             padding = [take(initial, size + p) for p in range(batch.padding)]
             state = round_fn.place(stack([s for _, s in resumed] + padding))
             del initial, padding
@@ -417,9 +529,12 @@ def run_many(configs: list[ExperimentConfig], *, progress: bool = True, fresh: b
     """Train ``configs`` that share one program (``fljax.grouping.group``): one config alone
     (``run``), more in programs of as many runs as the memory estimate allows within
     ``memory_limit`` bytes (default ``default_memory_limit``), spread over this process's
-    devices. Returns each run's evaluation records, or its Diverged error."""
+    devices. Returns each run's evaluation records, or its Diverged error. RoundsHeld, before
+    anything is trained, if a run's directory holds more rounds than it asks (unless ``fresh``)."""
     for config in configs:
-        import_recorded(config.out_dir)
+        import_recorded(config.run_dir())
+    if not fresh:
+        check_rounds(configs)
     if len(configs) == 1:
         try:
             return [run(configs[0], progress=progress, fresh=fresh)]
@@ -481,7 +596,7 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
             scores.update(experiment.evaluate_users(state.params, key, state.server_state,
                                                     state.client_states))
     scores.update(experiment.round_fn.probe_scores(state, experiment.evaluate,
-                                                   experiment.config.out_dir))
+                                                   experiment.config.run_dir()))
     return scores
 
 

@@ -212,7 +212,9 @@ CASES = [
      "fraction"),
     ("FedDecay without beta", lambda t: ["--algorithm", "feddecay"],
      "algorithm 'feddecay' needs ['beta']"),
-    ("other experiment's checkpoint", lambda t: ["--lr", "0.2"], "different experiment: lr"),
+    ("other experiment's checkpoint", lambda t: ["--lr", "0.2"],
+     ("different experiment: lr", "use --out-dir NEW for a new run in a new directory, or "
+      "--fresh to delete this directory's checkpoints and logs")),
     ("negative seed", lambda t: ["--seed", "-1"], "seed must be an integer in [0, 4294967295]"),
     ("batch larger than the data", lambda t: ["--batch-size", "2000000000"],
      "batch_size (2000000000) must be <= the number of training examples (1437)"),

@@ -2,13 +2,19 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from fljax.cli import config_from_args, main
-from fljax.config import ALGORITHMS, GROUPS, WRAPPERS, ExperimentConfig
+from fljax.config import ALGORITHMS, GROUPS, WRAPPERS, ExperimentConfig, load_config
+from tests.test_bad_input import snapshot
+
+MAIN_JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "experiments", "digits_fedavg.json")
+TINY = ["--eval-every", "1", "--local-steps", "1", "--quiet"]
 
 
 def test_cli_smoke_run_on_digits(tmp_path):
@@ -131,3 +137,88 @@ def test_the_algorithm_listing_speaks_flags_and_json_keys_not_python(capsys):
         assert snake <= keys, (name, summary)                     # no server_lr, cohort_size
         for word in words & python_only:        # 'local', 'model': as English words only
             assert not re.search(rf"\b{word}\b\s*[:=(]", summary), (name, summary)
+
+
+def test_the_default_run_dir_is_one_per_experiment_and_keeps_it_when_rounds_grow():
+    base = ExperimentConfig()
+    assert base.run_dir() == ExperimentConfig().run_dir()
+    assert base.run_dir().startswith(os.path.join("runs", "digits_fedavg_"))
+    # Settings a resume may change (the run and output ones, --rounds) keep the directory.
+    assert base.replace(rounds=10, eval_every=1, checkpoint_every=5, keep_checkpoints=1,
+                        client_chunk=2, unroll=4).run_dir() == base.run_dir()
+    others = [base.replace(partition="iid"), base.replace(lr=0.1), base.replace(seed=1),
+              base.replace(compute_dtype="bfloat16"), base.replace(algorithm="fedprox")]
+    assert len({c.run_dir() for c in [base, *others]}) == 1 + len(others)
+    assert others[-1].run_dir().startswith(os.path.join("runs", "digits_fedprox_"))
+    # Dataset names become directory names: paths and odd characters turn into _.
+    assert base.replace(dataset="leaf/femnist").run_dir().startswith(
+        os.path.join("runs", "leaf_femnist_fedavg_"))
+    assert base.replace(dataset="~/data/my set.npz").run_dir().startswith(
+        os.path.join("runs", "data_my_set.npz_fedavg_"))
+    assert base.replace(out_dir="mine").run_dir() == "mine"
+    assert load_config(MAIN_JOB).run_dir() == os.path.join("runs", "digits_fedavg")
+    # The README's example: a name that stays across versions, so that a resume finds its run.
+    assert config_from_args(["--partition", "iid", "--rounds", "50"])[0].run_dir() == \
+        os.path.join("runs", "digits_fedavg_6c164c4c")
+    # With --target-epsilon the rounds set the DP noise: they are part of the experiment.
+    dp = base.replace(wrappers={"dp": {"clip_norm": 0.5}}, target_epsilon=8.0)
+    assert dp.replace(rounds=10).run_dir() != dp.run_dir()
+
+
+def test_readme_one_liners_do_not_collide_and_fewer_rounds_train_nothing(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The main job, then a README one-liner, in one directory: each in its own run directory.
+    Asking fewer rounds than a run directory holds is refused in one line, exit 2; as many
+    re-displays the finished run, saying so, exit 0; neither changes a byte there."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", MAIN_JOB, "--rounds", "2", *TINY]) == 0
+    main_job = tmp_path / "runs" / "digits_fedavg"
+    assert capsys.readouterr().out.startswith("fljax: writing to runs/digits_fedavg\n")
+    before = snapshot(main_job)
+    one_liner = ["--partition", "iid", *TINY]
+    run_dir = config_from_args(one_liner)[0].run_dir()
+    assert main(one_liner + ["--rounds", "2"]) == 0
+    assert capsys.readouterr().out.startswith(f"fljax: writing to {run_dir}\n")
+    assert snapshot(main_job) == before
+    files = snapshot(run_dir)
+
+    assert main(one_liner + ["--rounds", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"fljax: error: {run_dir} already holds 2 rounds (asked: 1); nothing was trained. Use "
+        f"--rounds 2 to see its results, --out-dir NEW for a new run, or --fresh to delete this "
+        f"directory's checkpoints and logs and start over\n")
+    assert snapshot(run_dir) == files
+
+    assert main(one_liner + ["--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"fljax: {run_dir} holds a finished run of 2 rounds; nothing was "
+                          f"trained: its results are the stored ones\n")
+    assert "final accuracy" in out
+    assert snapshot(run_dir) == files
+
+    assert main(one_liner + ["--rounds", "3"]) == 0              # more rounds continue it
+    assert capsys.readouterr().out.startswith(f"fljax: writing to {run_dir}\n")
+    logged = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [r["round"] for r in logged if r["kind"] == "round"] == [1, 2, 3]
+    assert json.loads(open(os.path.join(run_dir, "config.json")).read())["rounds"] == 3
+
+
+def test_a_grid_run_again_with_fewer_rounds_trains_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    grid = ["--seeds", "0-1", "--num-clients", "4", "--clients-per-round", "2", *TINY]
+    assert main(grid + ["--rounds", "2"]) == 0
+    base = config_from_args(grid)[0].run_dir()
+    assert capsys.readouterr().out.startswith(f"fljax: writing to {base} (2 runs, each in "
+                                              f"seed_S)\n")
+    files = snapshot(base)
+    assert main(grid + ["--rounds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fljax: error: 2 run directories already hold more rounds than asked "
+                          f"({os.path.join(base, 'seed_0')} holds 2, asked: 1); nothing was "
+                          f"trained. Use --rounds 2 to see their results"), err
+    assert snapshot(base) == files
+    assert main(grid + ["--rounds", "2"]) == 0
+    assert capsys.readouterr().out.count("holds a finished run of 2 rounds; nothing was "
+                                         "trained") == 2
+    assert snapshot(base) == files

@@ -135,12 +135,20 @@ def test_restore_into_other_experiment_fails_before_training(tmp_path, capsys):
         assert records(config.out_dir) == before
 
 
-def test_fresh_starts_over(tmp_path):
+def test_fresh_starts_over_deleting_the_checkpoints_and_logs_only(tmp_path):
     config = ExperimentConfig(**BASE, out_dir=str(tmp_path / "r"))
     run(config.replace(rounds=4), progress=False)
+    os.makedirs(os.path.join(config.out_dir, "damaged_checkpoints", "3"))
+    with open(os.path.join(config.out_dir, "notes.txt"), "w") as f:
+        f.write("mine")
     run(config.replace(rounds=2, lr=0.1), progress=False, fresh=True)
     assert Checkpoints(config.out_dir).latest_round() == 2
     assert [r["round"] for r in records(config.out_dir) if r["kind"] == "round"] == [1, 2]
+    assert len(os.listdir(os.path.join(config.out_dir, "tb"))) == 1   # the old events are gone
+    assert sorted(os.listdir(config.out_dir)) == ["checkpoints", "config.json", "metrics.jsonl",
+                                                  "notes.txt", "tb"]
+    with open(os.path.join(config.out_dir, "config.json")) as f:
+        assert json.load(f)["lr"] == 0.1
 
 
 def nan_at_round(alg, bad_round):
