@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from fljax.config import RESUMABLE_CHANGES, current_names
+from fljax.config import RESUMABLE_CHANGES, current_names, resolved_values
 from fljax.errors import NEW_RUN, RESUME, SPACE, FljaxError, os_reason
 
 
@@ -266,7 +266,8 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
     as its value in ``defaults``: a new field's default keeps the old behaviour; a renamed field
     counts under its current name.
     """
-    saved = {**(defaults or {}), **current_names(saved)}
+    saved = resolved_values({**(defaults or {}), **current_names(saved)})
+    current = resolved_values(current)
     if current.get("target_epsilon") is not None and saved.get("rounds") != current.get("rounds"):
         raise FljaxError(f"the checkpoint in {where!r} calibrated its DP noise to target_epsilon "
                          f"{current['target_epsilon']} over rounds={saved.get('rounds')}; "

@@ -458,6 +458,16 @@ def default_run_dir(config: ExperimentConfig) -> str:
     return os.path.join("runs", f"{dataset}_{algorithm}_{experiment_hash(config)}")
 
 
+def resolved_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Config ``values`` (a dict, e.g. a checkpoint's) with an unset aggregation filled in as
+    ``ExperimentConfig.resolved`` does: compared that way, a config as given and the resolved
+    one its run saved are the same experiment."""
+    if values.get("aggregation") is not None or "algorithm" not in values:
+        return values
+    settings = registry.declared(registry.lookup("algorithm", values["algorithm"]))
+    return {**values, "aggregation": settings.get("aggregation", "examples")}
+
+
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` (config keys) with the old names of renamed fields (RENAMED; config files,
     sweeps and checkpoints written before the rename) replaced by the current ones."""

@@ -84,7 +84,7 @@ def rounds_held(config: ExperimentConfig) -> int:
     try:
         checkpoints = Checkpoints(config.run_dir(), read_only=True)
         try:
-            check_same_experiment(checkpoints.saved_config(newest), config.to_dict(),
+            check_same_experiment(checkpoints.saved_config(newest), config.resolved().to_dict(),
                                   checkpoints.directory, ExperimentConfig().to_dict())
         finally:
             checkpoints.close()
@@ -347,7 +347,7 @@ def _run(config: ExperimentConfig, progress: bool, fresh: bool,
     if not fresh:
         check_rounds([config])     # at once, before the data is read
     experiment = experiment or build(config)
-    config = experiment.config              # resolved: what the algorithm leaves unset, filled
+    config = config.resolved()              # what the algorithm leaves unset, filled in
     primary = is_primary()
     with _sigint_flag() as interrupt:   # until the run's files are closed
         with contextlib.ExitStack() as closing:
