@@ -110,6 +110,10 @@ def check_algorithm(algorithm: Algorithm, params: Params) -> None:
     if algorithm.perturb is not None:
         raise FljaxError(f"{algorithm.name} adds server noise calibrated to a cohort; it has no "
                          f"asynchronous form here")
+    if algorithm.aggregate is not None:
+        raise FljaxError(f"{algorithm.name} aggregates the cohort's messages side by side (a "
+                         f"robust rule or simulated attack); asynchronous rounds have no cohort "
+                         f"to stack")
 
 
 def staleness_weight(asynchrony: Asynchrony, tau: jax.Array) -> jax.Array:

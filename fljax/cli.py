@@ -181,6 +181,12 @@ SUMMARIES = {
     "dp": "User-level DP: updates clipped to clip_norm, Gaussian noise of multiplier "
           "noise_multiplier on their sum (or --target-epsilon); target_quantile turns on "
           "adaptive clipping.",
+    "robust": "The cohort's updates side by side, aggregated by a robust rule (median, "
+              "trimmed_mean, krum, multi_krum, bulyan, geometric_median, centered_clipping) that "
+              "tolerates f Byzantine clients, after an optional pre aggregator (nnm, bucketing, "
+              "arc).",
+    "byzantine": "A seeded set of Byzantine clients (count, fraction or ids) sends an attack "
+                 "(sign_flip, gaussian, alie, ipm, mimic, label_flip) instead of its update.",
 }
 
 

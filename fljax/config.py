@@ -31,8 +31,9 @@ PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = registry.BUILTIN_ALGORITHMS   # fljax's own; a user's enter by fljax.registry
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI),
-# FedBN, uplink compression, user-level DP (outermost: it privatizes what the others send, and
-# clips what compress encodes).
+# FedBN, robust aggregation, Byzantine clients (outside robust: the rule sees their attacks),
+# uplink compression, user-level DP (outermost: it privatizes what the others send, and clips
+# what compress encodes; neither composes with robust or byzantine yet).
 WRAPPERS = registry.BUILTIN_WRAPPERS
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.

@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fljax.accounting import hlo_flops
-from fljax.algorithms.base import Algorithm, Params
+from fljax.algorithms.base import Algorithm, CohortMessages, Params
 from fljax.asynchronous import Asynchrony, async_round, check_algorithm, check_asynchrony
 from fljax.asynchronous import initial_flight
 from fljax.clients import (LocalWork, client_context, client_steps, full_gradient, joined_only,
@@ -41,6 +41,11 @@ from fljax.placement import (AXIS, RUNS, check_shardable, client_mesh, data_spec
                              device_index, global_layout, put, shard_data, state_specs)
 from fljax.probes.base import ClientView, EvalView, Population, Probe, RoundView
 from fljax.runs import data_of, hparams_of, run_hparams, stack, stack_data
+
+# The per-client output an Algorithm.aggregate collects (beside the metrics, gathered like them),
+# and the fold_in data of its key, beside the server's SERVER_STREAM.
+STACKED = "_cohort_messages"
+AGGREGATE_STREAM = 0xA66
 
 __all__ = ["AGGREGATIONS", "PARTICIPATIONS", "RoundFunction", "RoundState", "bernoulli_cohort",
            "client_keys", "cohort_weights", "init_state", "local_training", "make_round",
@@ -402,6 +407,12 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
         (client_states, probe_clients), (message, probe_sums), metrics = train_cohort(
             cohort, _rows(state), state.params, state.server_state, state.round, client_key,
             data, caps)
+        aggregate_metrics = {}
+        if algorithm.aggregate is not None:
+            message, aggregate_metrics = algorithm.aggregate(CohortMessages(
+                metrics.pop(STACKED), cohort.weights, cohort.joined, cohort.ids,
+                data.num_clients, state.server_state, state.round,
+                jax.random.fold_in(server_key(state.key, state.round), AGGREGATE_STREAM)))
         if algorithm.perturb is not None:
             message = algorithm.perturb(message, state.server_state,
                                         server_key(state.key, state.round))
@@ -410,7 +421,8 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
         new_state = state._replace(round=state.round + 1, params=params,
                                    server_state=server_state, client_states=client_states,
                                    clock=time)
-        round_metrics = {**_round_metrics(params, cohort, metrics, variable), **timing_metrics}
+        round_metrics = {**_round_metrics(params, cohort, metrics, variable), **timing_metrics,
+                         **aggregate_metrics}
         if algorithm.observe is not None or probes:
             if clients is not None:
                 data = global_layout(data, population_devices)
@@ -737,6 +749,8 @@ def _cohort_runner(algorithm: Algorithm, probes: tuple[Probe, ...], work: LocalW
                    **algorithm.client_metrics(ctx, start, end)}
         new_probe_states, probe_outputs = _probe_clients(probes, ctx, start, end, new_state,
                                                          probe_states)
+        if algorithm.aggregate is not None:     # kept side by side, gathered like the metrics
+            message, metrics = (), {**metrics, STACKED: message}
         return (new_state, new_probe_states), (message, probe_outputs), metrics
 
     def run_clients(ids, data_rows, rows, weights, joined, cohort_size, params, server_state,

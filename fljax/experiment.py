@@ -146,7 +146,10 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
             leading.append(jax.eval_shape(model.init, jax.random.key(0)))
         if wrapper == "dp":
             args["cohort_size"] = config.clients_per_round
-        algorithm = registry.lookup("wrapper", wrapper)(*leading, **args)
+        factory = registry.lookup("wrapper", wrapper)
+        if "model" in inspect.signature(factory).parameters:
+            args["model"] = model               # byzantine's label flipping: the classes
+        algorithm = factory(*leading, **args)
     return algorithm
 
 

@@ -48,7 +48,8 @@ BUILTIN_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "feda
                       "fedntd", "feddecorr", "fedinit", "fedga", "gradalign", "lbsgd", "feddecay",
                       "fomaml", "reptile", "ditto", "pfedme", "fedem", "fedpaq")
 # Wrappers over any algorithm, applied innermost first (fljax.experiment.wrap).
-BUILTIN_WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "compress", "dp")
+BUILTIN_WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "robust",
+                    "byzantine", "compress", "dp")
 BUILTIN_PROBES = ("pseudo_gradient_diversity", "cosine_previous", "cosine_to", "state_diversity",
                   "gradient_dissimilarity", "train_evaluation", "all_model", "divergence",
                   "interaction_tensor", "switching_criterion")

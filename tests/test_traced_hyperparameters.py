@@ -31,7 +31,7 @@ LOCAL = {"lr": 0.05, "lr_decay": 0.99, "momentum": 0.5, "weight_decay": 1e-3, "c
 # Values for the float hyperparameters that have no number as default.
 VALUES = {"feddecay": {"beta": 0.9}, "ditto": {"personal_lr": 0.02},
           "pfedme": {"inner_lr": 0.02}, "gradual_unfreezing": {"fraction": 0.5},
-          "local_decay": {"beta": 0.8}, "relaxed_init": {"beta": 0.1},
+          "local_decay": {"beta": 0.8}, "relaxed_init": {"beta": 0.1}, "byzantine": {"z": 1.0},
           "dp": {"clip_norm": 1.0, "noise_multiplier": 0.5, "target_quantile": 0.5,
                  "count_noise": 1.0}}
 FULL_BATCH = ("fedsgd", "lbsgd")
@@ -75,6 +75,11 @@ def build(name: str, values: dict, model) -> algorithms.Algorithm:
     if name == "dp":          # privatizes a model-sized uplink only (SCAFFOLD's is refused)
         return factory(algorithms.fedavg(local, optax.sgd(values["server_lr"])), cohort_size=2,
                        **own)
+    if name in ("robust", "byzantine"):      # a model-sized uplink only, likewise
+        structural = {"robust": dict(rule="centered_clipping"),
+                      "byzantine": dict(attack="gaussian", count=1)}[name]
+        return factory(algorithms.fedavg(local, optax.sgd(values["server_lr"])), **own,
+                       **structural)
     if name in WRAPPERS:
         leading = {"gradual_unfreezing": [UNITS],
                    "fedbn": [jax.eval_shape(model.init, jax.random.key(0))]}.get(name, [])

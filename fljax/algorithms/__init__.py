@@ -9,10 +9,12 @@ orders), None against a number (``clip_norm``, ``inner_lr``, ``personal_lr``), i
 and schedules given as functions.
 """
 
-from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, LocalSGD,
+from fljax.algorithms.base import (Algorithm, ClientContext, ClientOptimizer, CohortMessages,
+                                   LocalSGD,
                                    as_client_optimizer,
                                    identity_loss, identity_start, local_sgd, no_client_state,
                                    tree_scale, tree_sub)
+from fljax.algorithms.byzantine import byzantine
 from fljax.algorithms.compress import compress
 from fljax.algorithms.ditto import ditto
 from fljax.algorithms.dp import dp
@@ -35,17 +37,18 @@ from fljax.algorithms.fedsam import fedsam
 from fljax.algorithms.meta import fomaml, reptile
 from fljax.algorithms.moon import moon
 from fljax.algorithms.pfedme import pfedme
+from fljax.algorithms.robust import robust
 from fljax.algorithms.scaffold import scaffold
 from fljax.algorithms.server_optimizers import (fedadagrad, fedadagrad_server, fedadam,
                                                 fedadam_server, fedavgm, fedyogi, fedyogi_server)
 from fljax.algorithms.switch import switch
 
-__all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "LocalSGD", "as_client_optimizer",
-           "compress", "ditto", "dp", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
+__all__ = ["Algorithm", "ClientContext", "ClientOptimizer", "CohortMessages", "LocalSGD", "as_client_optimizer",
+           "byzantine", "compress", "ditto", "dp", "fedadagrad", "fedadagrad_server", "fedadam", "fedadam_server", "fedavg",
            "fedavgm", "fedbn", "fedcm", "feddecay", "feddecorr", "feddyn", "fedem", "fedexp",
            "fedga", "fedinit", "fednova", "fedpaq",
            "fedntd", "fedprox", "fedsam", "fedsgd", "fedyogi", "fedyogi_server", "fomaml",
            "gradalign", "gradual_unfreezing", "identity_loss", "identity_start", "lbsgd",
            "local_decay", "local_layers", "local_sgd", "moon", "no_client_state", "pfedme",
-           "relaxed_init", "reptile",
+           "relaxed_init", "reptile", "robust",
            "scaffold", "switch", "tree_scale", "tree_sub"]

@@ -164,6 +164,37 @@ class Algorithm(NamedTuple):
     adapt: Callable[[Params, Callable[[Params], Params]], Params] | None = None
     perturb: Callable[[Any, Any, jax.Array], Any] | None = None
     message_bits: Callable[[int, Params], tuple[int, int]] | None = None
+    aggregate: Callable[["CohortMessages"], tuple[Any, dict[str, jax.Array]]] | None = None
+
+
+class CohortMessages(NamedTuple):
+    """The cohort's messages side by side, for ``Algorithm.aggregate``: one row per slot of the
+    round, in slot order. Memory: m rows of a message (m = the cohort's slots; under Bernoulli
+    participation every client has a slot), gathered onto every device."""
+
+    messages: Any           # each client's message stacked on a leading [m] axis (as sent)
+    weights: jax.Array      # [m] float: p_i, summing to 1 over the slots that joined
+    joined: jax.Array       # [m] bool: the slot's client took part (False: an empty Bernoulli
+                            #   slot, whose message is zeros)
+    ids: jax.Array          # [m] int32: the slot's client id
+    num_clients: int        # N, all clients (static)
+    server_state: Any       # the server's state before this round's update
+    round: jax.Array        # t
+    key: jax.Array          # this round's key for aggregation randomness (bucketing, attacks)
+
+
+document_fields(CohortMessages, {
+    "messages": "each slot's message stacked on a leading [m] axis, as ``client_end`` sent it",
+    "weights": "[m] p_i, summing to 1 over the slots that joined (0 for an empty slot)",
+    "joined": "[m] whether the slot's client took part; an empty Bernoulli slot's message is "
+              "zeros and must be ignored",
+    "ids": "[m] the slot's client id",
+    "num_clients": "N, all clients (static)",
+    "server_state": "the server's state before this round's update",
+    "round": "t, the round",
+    "key": "this round's key for randomness in the aggregation (bucketing, simulated attacks), "
+           "independent of the clients' keys and of ``perturb``'s",
+})
 
 
 document_fields(Algorithm, {
@@ -205,6 +236,12 @@ document_fields(Algorithm, {
     "perturb": "perturb(summed message, server state, key) -> the message server_update "
                "receives: the server's own randomness on the cohort's sum (DP's Gaussian "
                "noise), from the round's server key (``fljax.cohort.server_key``); None: none",
+    "aggregate": "aggregate(CohortMessages) -> (message, {name: scalar}): the cohort's messages "
+                 "side by side (unweighted rows, their p_i and a mask), reduced by the "
+                 "algorithm itself (a median, Krum, an attack's simulation) into the message "
+                 "``server_update`` receives; the metrics join the round's. Memory: m messages. "
+                 "None (default): messages are summed and the round is the same program as "
+                 "without this hook",
     "message_bits": "message_bits(t, params) -> (bits down, bits up) a participating client "
                     "receives and sends in round t, for a model shaped like ``params`` (shapes "
                     "suffice): a compressed uplink's exact encoding "

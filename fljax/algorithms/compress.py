@@ -132,6 +132,10 @@ def compress(algorithm: Algorithm, compressor: str, *, ratio: StaticFloat | None
                  unbiased=unbiased)
     if not isinstance(error_feedback, bool):
         raise FljaxError(f"error_feedback must be true or false, got {error_feedback!r}")
+    if algorithm.aggregate is not None:
+        raise FljaxError(f"compress cannot yet wrap {algorithm.name}: its cohort is aggregated "
+                         f"side by side (robust, byzantine), which would see the encoded "
+                         f"messages, not what the server decodes")
     if algorithm.perturb is not None:
         raise FljaxError(f"compress cannot wrap {algorithm.name}: its server adds noise to the "
                          f"cohort's sum (dp); wrap dp around compress instead, so that clients "

@@ -79,6 +79,10 @@ def dp(algorithm: Algorithm, clip_norm: float, noise_multiplier: float, cohort_s
         raise FljaxError(f"cohort_size must be a whole number >= 1, got {cohort_size!r}")
     if algorithm.perturb is not None:
         raise FljaxError(f"dp cannot wrap {algorithm.name}: it adds server noise of its own")
+    if algorithm.aggregate is not None:
+        raise FljaxError(f"dp cannot wrap {algorithm.name}: its cohort is aggregated side by "
+                         f"side (robust, byzantine), and the privacy argument needs the noised "
+                         f"SUM of the clipped updates")
     if algorithm.cohort_start is not None:
         raise FljaxError(f"dp cannot privatize {algorithm.name}: its clients send a first "
                          f"message (cohort_start) that would leave them un-noised")

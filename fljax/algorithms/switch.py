@@ -236,6 +236,9 @@ def switch(first: Algorithm, then: Algorithm, at_round: int | None = None, *,
     if first.perturb is not None or then.perturb is not None:
         raise FljaxError(f"switch cannot pass on the server noise of {first.name!r} or "
                          f"{then.name!r}: wrap the switch instead (dp(switch(a, b), ...))")
+    if first.aggregate is not None or then.aggregate is not None:
+        raise FljaxError(f"switch cannot pass on the cohort aggregation of {first.name!r} or "
+                         f"{then.name!r}: wrap the switch instead (robust(switch(a, b), ...))")
     if first.observe is not None or then.observe is not None:
         raise FljaxError(f"switch cannot yet pass on the observe hook of {first.name!r} or "
                          f"{then.name!r}")

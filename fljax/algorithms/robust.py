@@ -1,0 +1,192 @@
+"""Byzantine-robust aggregation over any algorithm whose clients send one model-sized update.
+
+``robust(algorithm, rule, f=...)`` asks the engine for the cohort's messages side by side
+(``Algorithm.aggregate``; memory: m model-sized rows, m the cohort's slots) instead of their sum.
+Each client sends its update unweighted (its ``client_end`` sees p_i = 1); the server reduces the
+m rows u_1..u_m of the clients that joined with the rule, optionally after a pre-aggregator, and
+hands the result to the algorithm's own server update in place of sum_i p_i u_i:
+
+    v = RULE(PRE(u_1, ..., u_m))                     server_update(w, s, v, t)
+
+The rules (``fljax.aggregators``; each function's docstring gives its equation and paper):
+``mean`` (sum_i p_i u_i: the plain round's message), ``median`` (coordinate-wise), ``trimmed_mean``
+(f cut from each side, per coordinate), ``krum`` and ``multi_krum`` (Blanchard et al. 2017: the
+score is the sum of squared distances to the n-f-2 nearest), ``bulyan`` (El Mhamdi et al. 2018),
+``geometric_median`` (RFA's smoothed Weiszfeld, Pillutla et al. 2022, weighted by p_i),
+``centered_clipping`` (Karimireddy et al. 2021, from the previous round's aggregate, kept in the
+server state). Pre-aggregators: ``nnm`` (Allouah et al. 2023), ``bucketing`` (Karimireddy et al.
+2022, buckets of ``bucket_size`` drawn from the round's key), ``arc`` (Allouah et al.).
+
+Refused in one line: an algorithm whose clients send more than one model-sized update (SCAFFOLD's
+control variates, FedGA's first exchange), and one that aggregates itself already.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fljax import aggregators
+from fljax.algorithms.base import Algorithm, ClientContext, CohortMessages, Params
+from fljax.errors import FljaxError
+from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
+
+RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median",
+         "centered_clipping")
+PRE_AGGREGATORS = ("none", "nnm", "bucketing", "arc")
+# Weiszfeld iterations of the geometric median by default: from the weighted mean, 8 can stay far
+# from the median when one outlier drags the start (tests/test_aggregators.py); RFA's code uses 3
+# with its own stopping rule.
+GEOMETRIC_ITERATIONS = 16
+
+
+class RobustServerState(NamedTuple):
+    inner: Any          # the wrapped algorithm's server state
+    center: Params      # the last aggregate (centered clipping's start)
+
+
+def stacked_matrix(messages: Params) -> jax.Array:
+    """The stacked messages (leaves [m, ...]) as one matrix [m, d], leaf after leaf."""
+    leaves = jax.tree.leaves(messages)
+    m = leaves[0].shape[0]
+    return jnp.concatenate([leaf.reshape(m, -1) for leaf in leaves], axis=1)
+
+
+def unstacked(vector: jax.Array, like: Params) -> Params:
+    """A vector [d] laid out as one row of ``like`` (leaves [m, ...]): ``stacked_matrix``'s
+    inverse for one row."""
+    leaves, treedef = jax.tree.flatten(like)
+    parts, start = [], 0
+    for leaf in leaves:
+        size = leaf[0].size
+        parts.append(vector[start:start + size].reshape(leaf.shape[1:]).astype(leaf.dtype))
+        start += size
+    return treedef.unflatten(parts)
+
+
+def model_sized(name: str, what: str, update: Any, params: Params) -> None:
+    """Refuse, in one line, an algorithm whose clients send more than one model-sized update."""
+    if jax.tree.structure(update) != jax.tree.structure(params) or any(
+            jnp.shape(u) != jnp.shape(p) for u, p in zip(jax.tree.leaves(update),
+                                                        jax.tree.leaves(params))):
+        raise FljaxError(f"{what} needs one model-sized update per client, but {name}'s clients "
+                         f"send {jax.tree.structure(update)}")
+
+
+def unweighted_end(algorithm: Algorithm, what: str):
+    """``client_end`` sending the algorithm's update unweighted (p_i = 1), checked model-sized."""
+    def client_end(ctx: ClientContext, start, end):
+        state, update = algorithm.client_end(ctx._replace(weight=jnp.ones_like(ctx.weight)),
+                                             start, end)
+        model_sized(algorithm.name, what, update, ctx.params)
+        return state, update
+    return client_end
+
+
+def weighted_sum(cohort: CohortMessages) -> Params:
+    """sum_i p_i u_i over the stacked rows: what a plain round's summed message is."""
+    return jax.tree.map(lambda rows: jnp.tensordot(cohort.weights.astype(rows.dtype), rows,
+                                                   axes=1), cohort.messages)
+
+
+def robust(algorithm: Algorithm, rule: str = "median", *, f: int = 0, pre: str = "none",
+           bucket_size: int = 2, q: int | None = None, tau: float = 1.0,
+           iterations: int | None = None, nu: float = 1e-6) -> Algorithm:
+    """``algorithm`` with its cohort's updates aggregated by ``rule`` (one of RULES) after the
+    pre-aggregator ``pre`` (one of PRE_AGGREGATORS); ``f``: the Byzantine clients the rule
+    tolerates (trimmed mean, Krum, Multi-Krum, Bulyan, NNM, ARC); ``q``: Multi-Krum's rows
+    averaged (default n - f); ``tau``, ``iterations``: centered clipping's radius and
+    iterations (default 1, as the paper's L = 1); ``iterations`` and ``nu`` are the geometric
+    median's Weiszfeld iterations (default GEOMETRIC_ITERATIONS) and smoothing; ``bucket_size``:
+    bucketing's s. Memory: the m slots' model-sized updates, side by side."""
+    if rule not in RULES:
+        raise FljaxError(f"robust: rule must be one of {RULES}, got {rule!r}")
+    if pre not in PRE_AGGREGATORS:
+        raise FljaxError(f"robust: pre must be one of {PRE_AGGREGATORS}, got {pre!r}")
+    for name, value, least in (("f", f, 0), ("bucket_size", bucket_size, 1),
+                               ("iterations", 1 if iterations is None else iterations, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise FljaxError(f"robust: {name} must be a whole number >= {least}, got {value!r}")
+    if q is not None and (isinstance(q, bool) or not isinstance(q, int) or q < 1):
+        raise FljaxError(f"robust: q must be a whole number >= 1 or unset, got {q!r}")
+    check("tau", tau, POSITIVE, "> 0")
+    check("nu", nu, NON_NEGATIVE, ">= 0")
+    if algorithm.aggregate is not None:
+        raise FljaxError(f"robust cannot wrap {algorithm.name}: it aggregates its cohort itself "
+                         f"(a byzantine wrapper goes outside robust)")
+    if algorithm.cohort_start is not None:
+        raise FljaxError(f"robust cannot wrap {algorithm.name}: its clients send a first "
+                         f"message (cohort_start) that no rule would see")
+
+    def inner_view(ctx: ClientContext) -> ClientContext:
+        return ctx._replace(server_state=ctx.server_state.inner)
+
+    def server_init(params):
+        return RobustServerState(algorithm.server_init(params),
+                                 jax.tree.map(jnp.zeros_like, params))
+
+    def reduce(cohort: CohortMessages):
+        x = stacked_matrix(cohort.messages)
+        mask, weights = cohort.joined, cohort.weights
+        if pre == "nnm":
+            x, mask = aggregators.nearest_neighbor_mixing(x, mask, f)
+        elif pre == "arc":
+            x, mask = aggregators.adaptive_robust_clipping(x, mask, f)
+        elif pre == "bucketing":
+            x, mask = aggregators.bucketing(x, mask, cohort.key, bucket_size)
+            weights = mask / jnp.maximum(mask.sum(), 1)
+        if rule == "mean":
+            return aggregators.weighted_mean(x, mask, weights)
+        if rule == "median":
+            return aggregators.coordinate_median(x, mask)
+        if rule == "trimmed_mean":
+            return aggregators.trimmed_mean(x, mask, f)
+        if rule == "krum":
+            return aggregators.krum(x, mask, f)
+        if rule == "multi_krum":
+            return aggregators.multi_krum(x, mask, f, mask.sum() - f if q is None else q)
+        if rule == "bulyan":
+            return aggregators.bulyan(x, mask, f)
+        if rule == "geometric_median":
+            return aggregators.geometric_median(x, mask, weights, nu=nu,
+                                                iterations=iterations or GEOMETRIC_ITERATIONS)
+        center = stacked_matrix(jax.tree.map(lambda a: a[None], cohort.server_state.center))[0]
+        return aggregators.centered_clipping(x, mask, center, tau=tau, iterations=iterations or 1)
+
+    def aggregate(cohort: CohortMessages):
+        vector = reduce(cohort)
+        return unstacked(vector, cohort.messages), {}
+
+    def server_update(params, server_state: RobustServerState, message, round_index):
+        params, inner = algorithm.server_update(params, server_state.inner, message, round_index)
+        return params, RobustServerState(inner, message)
+
+    observe = None
+    if algorithm.observe is not None:
+        def observe(view):
+            inner, metrics = algorithm.observe(view._replace(
+                server_state=view.server_state.inner))
+            return view.server_state._replace(inner=inner), metrics
+
+    personal_model = None
+    if algorithm.personal_model is not None:
+        def personal_model(params, server_state, client_state):
+            return algorithm.personal_model(params, server_state.inner, client_state)
+
+    shown = rule if pre == "none" else f"{pre}+{rule}"
+    return algorithm._replace(
+        name=f"{algorithm.name}+{shown}", server_init=server_init,
+        client_start=lambda ctx, key: algorithm.client_start(inner_view(ctx), key),
+        client_tx=lambda ctx: algorithm.client_tx(inner_view(ctx)),
+        client_loss=lambda ctx, loss_fn: algorithm.client_loss(inner_view(ctx), loss_fn),
+        client_end=lambda ctx, start, end: unweighted_end(algorithm, "robust")(
+            inner_view(ctx), start, end),
+        server_update=server_update, aggregate=aggregate,
+        eval_models=lambda params, server_state: algorithm.eval_models(params,
+                                                                       server_state.inner),
+        client_metrics=lambda ctx, start, end: algorithm.client_metrics(inner_view(ctx), start,
+                                                                        end),
+        client_vectors=lambda ctx: algorithm.client_vectors(inner_view(ctx)),
+        observe=observe, personal_model=personal_model)
