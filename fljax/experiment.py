@@ -436,7 +436,9 @@ def batch_memory(experiment: Experiment, runs: int, run_chunk: int) -> tuple[int
     shared). Per run: its state twice (the round's input and output) and its split; shared: the
     examples, and the working memory of ``run_chunk`` runs' local training side by side (each
     sampled client's model, gradient and optimizer state, and a batch's inputs through the
-    layers, taken as 16 copies of the batch)."""
+    layers, taken as 16 copies of the batch) and, for an algorithm that aggregates its cohort side
+    by side (``Algorithm.aggregate``: robust rules, attacks), the m slots' messages twice (the
+    stack and a rule's working copy)."""
     state = jax.eval_shape(experiment.initial_state)
     data = experiment.data
     nbytes = lambda tree: sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
@@ -447,4 +449,8 @@ def batch_memory(experiment: Experiment, runs: int, run_chunk: int) -> tuple[int
     batch = config.batch_size or int(np.max(np.asarray(data.count)))
     example = nbytes(jax.tree.map(lambda a: a[0], data.x))
     working = run_chunk * clients * (4 * nbytes(state.params) + 16 * batch * example)
+    if experiment.algorithm.aggregate is not None:    # the cohort's messages side by side
+        slots = config.num_clients if config.participation == "bernoulli" else \
+            config.clients_per_round
+        working += run_chunk * 2 * slots * nbytes(state.params)
     return per_run, nbytes((data.x, data.y)) + working
