@@ -32,8 +32,9 @@ ALGORITHMS = registry.BUILTIN_ALGORITHMS   # fljax's own; a user's enter by flja
 FULL_BATCH = ("fedsgd", "lbsgd")   # one local step on the whole local dataset
 # Wrappers over any algorithm, applied innermost first: FedBug, FedDecay, relaxed init (+RI),
 # FedBN, robust aggregation, Byzantine clients (outside robust: the rule sees their attacks),
-# uplink compression, user-level DP (outermost: it privatizes what the others send, and clips
-# what compress encodes; neither composes with robust or byzantine yet).
+# uplink compression (the robust rule sees what the server decodes), user-level DP (outermost:
+# it privatizes what the others send, and clips what compress encodes; it refuses robust and
+# byzantine, whose aggregate is no noised sum).
 WRAPPERS = registry.BUILTIN_WRAPPERS
 MAX_SEED = 2**32 - 1   # jax.random.PRNGKey keeps 32 bits of a seed (without x64)
 # The --help groups of the config fields, in order.

@@ -132,6 +132,22 @@ def test_robust_mean_is_the_plain_round_and_bernoulli_masks_are_ignored():
                                rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("error_feedback", [False, True])
+def test_robust_rules_see_the_decoded_compressed_updates(error_feedback):
+    """compress outside robust (the config's order): the median is taken over what the server
+    decodes, the clients' compressed unweighted updates."""
+    def compressed(algorithm):
+        return fljax.compress(algorithm, "qsgd", levels=4, error_feedback=error_feedback)
+    _, metrics = one_round(compressed(capture(fljax.robust(FEDAVG, "mean"))))
+    rows = np.stack([flat(jax.tree.map(lambda a: a[i], metrics["rows"])) for i in range(5)])
+    plain_rows = np.stack([flat(jax.tree.map(lambda a: a[i], one_round(capture(
+        fljax.robust(FEDAVG, "mean")))[1]["rows"])) for i in range(5)])
+    assert np.abs(rows - plain_rows).max() > 1e-4          # the rows are the quantized ones
+    median, _ = one_round(compressed(fljax.robust(FEDAVG, "median")))
+    np.testing.assert_allclose(flat(median), flat(PARAMS) - median_reference(
+        rows, np.asarray(metrics["joined"])), rtol=0, atol=2e-6)
+
+
 def test_byzantine_rows_are_replaced_and_counted():
     """IPM's rows are -epsilon times the honest mean; the median then sees them; the round logs
     how many Byzantine clients it sampled."""
@@ -154,8 +170,6 @@ def test_bad_compositions_and_values_are_one_line():
              "needs one model-sized update per client"),
             (lambda: fljax.robust(FEDAVG, "mode"), "rule must be one of"),
             (lambda: fljax.robust(fljax.robust(FEDAVG), "median"), "aggregates its cohort"),
-            (lambda: fljax.compress(fljax.robust(FEDAVG), "top_k", ratio=0.1),
-             "compress cannot yet wrap"),
             (lambda: fljax.byzantine(FEDAVG, "ipm", count=1, fraction=0.1), "exactly one of"),
             (lambda: fljax.switch(fljax.robust(FEDAVG), FEDAVG, 3), "wrap the switch")]:
         with pytest.raises(FljaxError, match=said) as raised:

@@ -18,6 +18,11 @@ exactly when p_i is the same in each round the client joins (uniform aggregation
 cohort, SCAFFOLD's setting), else rescaled by p_i(new) / p_i(old). Residuals start at 0 and
 change only in the rounds the client joins.
 
+Over ``robust`` or ``byzantine`` (the config's order: compress outside them), the clients'
+unweighted updates are compressed, and the rule (and an attack's view of the honest updates) sees
+the decoded messages side by side, as the server would; the residual is kept per unit of the
+update (p_i = 1 above).
+
 A first exchange (``cohort_start``, FedGA's full gradients) is compressed as well, without error
 feedback. The downlink (the broadcast model) is not compressed: under partial participation a
 returning client needs the model itself, not the last round's compressed change.
@@ -132,10 +137,9 @@ def compress(algorithm: Algorithm, compressor: str, *, ratio: StaticFloat | None
                  unbiased=unbiased)
     if not isinstance(error_feedback, bool):
         raise FljaxError(f"error_feedback must be true or false, got {error_feedback!r}")
-    if algorithm.aggregate is not None:
-        raise FljaxError(f"compress cannot yet wrap {algorithm.name}: its cohort is aggregated "
-                         f"side by side (robust, byzantine), which would see the encoded "
-                         f"messages, not what the server decodes")
+    # Over an algorithm that aggregates side by side (robust, byzantine) the messages are
+    # unweighted: the residual is then kept per unit of the message itself (weight 1).
+    unweighted = algorithm.aggregate is not None
     if algorithm.perturb is not None:
         raise FljaxError(f"compress cannot wrap {algorithm.name}: its server adds noise to the "
                          f"cohort's sum (dp); wrap dp around compress instead, so that clients "
@@ -161,7 +165,8 @@ def compress(algorithm: Algorithm, compressor: str, *, ratio: StaticFloat | None
             sent, _ = encode_message(codec, message, ctx.message_key, ctx.shared_key)
             return state, sent
         sent, residual = encode_message(codec, message, ctx.message_key, ctx.shared_key,
-                                        ctx.client_state.residual, ctx.weight)
+                                        ctx.client_state.residual,
+                                        jnp.ones_like(ctx.weight) if unweighted else ctx.weight)
         return FeedbackClientState(state, residual), sent
 
     def cohort_start(ctx: ClientContext):
