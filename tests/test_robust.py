@@ -180,11 +180,11 @@ def test_bad_compositions_and_values_are_one_line():
 CLI = ["--dataset", "tests.own_work:blobs", "--model", "tests.own_work:tiny_net",
        "--num-clients", "10", "--clients-per-round", "5", "--local-steps", "2", "--batch-size",
        "8", "--lr", "0.1", "--eval-every", "2", "--checkpoint-every", "2", "--quiet"]
-WRAPPED = {"robust": {"rule": "centered_clipping", "tau": 0.5, "pre": "bucketing"},
+WRAPPED = {"robust": {"rule": "centered_clipping", "tau": 0.5, "pre": "nnm", "f": 1},
            "byzantine": {"attack": "alie", "count": 3}}
 
 
-def test_cli_resume_is_bit_identical_and_a_grid_over_tau_is_one_program(tmp_path, capsys):
+def test_cli_resume_is_bit_identical_and_a_grid_over_tau_and_f_is_one_program(tmp_path, capsys):
     args = CLI + ["--wrappers", json.dumps(WRAPPED)]
     half, whole = str(tmp_path / "half"), str(tmp_path / "whole")
     assert main(args + ["--rounds", "2", "--out-dir", half]) == 0
@@ -197,13 +197,14 @@ def test_cli_resume_is_bit_identical_and_a_grid_over_tau_is_one_program(tmp_path
     capsys.readouterr()
     grid = str(tmp_path / "grid")
     assert main(args + ["--rounds", "2", "--out-dir", grid, "--seeds", "0-1",
-                        "--set", "wrappers.robust.tau=0.5,2.0"]) == 0
-    assert "4 runs in one program" in capsys.readouterr().out
+                        "--set", "wrappers.robust.tau=0.5,2.0",
+                        "--set", "wrappers.robust.f=1,2"]) == 0
+    assert "8 runs in one program" in capsys.readouterr().out      # tau and f traced
     alone = str(tmp_path / "alone")
     assert main(CLI + ["--wrappers", json.dumps({**WRAPPED, "robust": {
-        **WRAPPED["robust"], "tau": 2.0}}), "--rounds", "2", "--seed", "1",
+        **WRAPPED["robust"], "tau": 2.0, "f": 2}}), "--rounds", "2", "--seed", "1",
         "--out-dir", alone]) == 0
-    batched = read_log(os.path.join(grid, "tau_2.0", "seed_1", "metrics.jsonl"))
+    batched = read_log(os.path.join(grid, "tau_2.0_f_2", "seed_1", "metrics.jsonl"))
     single = read_log(os.path.join(alone, "metrics.jsonl"))
     assert [r["train_loss"] for r in batched if r["kind"] == "round"] == pytest.approx(
         [r["train_loss"] for r in single if r["kind"] == "round"], abs=1e-6)

@@ -91,13 +91,15 @@ def weighted_sum(cohort: CohortMessages) -> Params:
                                                    axes=1), cohort.messages)
 
 
-def robust(algorithm: Algorithm, rule: str = "median", *, f: int = 0, pre: str = "none",
+def robust(algorithm: Algorithm, rule: str = "median", *, f: float = 0, pre: str = "none",
            bucket_size: int = 2, q: int | None = None, tau: float = 1.0,
            iterations: int | None = None, nu: float = 1e-6) -> Algorithm:
     """``algorithm`` with its cohort's updates aggregated by ``rule`` (one of RULES) after the
     pre-aggregator ``pre`` (one of PRE_AGGREGATORS); ``f``: the Byzantine clients the rule
-    tolerates (trimmed mean, Krum, Multi-Krum, Bulyan, NNM, ARC); ``q``: Multi-Krum's rows
-    averaged (default n - f); ``tau``, ``iterations``: centered clipping's radius and
+    tolerates (trimmed mean, Krum, Multi-Krum, Bulyan, NNM, ARC), a whole number that may be
+    traced (the rules compare positions with it: a grid over f is one program); ``q``:
+    Multi-Krum's rows averaged (default n - f); ``tau``, ``iterations``: centered clipping's
+    radius and
     iterations (default 1, as the paper's L = 1); ``iterations`` and ``nu`` are the geometric
     median's Weiszfeld iterations (default GEOMETRIC_ITERATIONS) and smoothing; ``bucket_size``:
     bucketing's s. Memory: the m slots' model-sized updates, side by side."""
@@ -105,7 +107,8 @@ def robust(algorithm: Algorithm, rule: str = "median", *, f: int = 0, pre: str =
         raise FljaxError(f"robust: rule must be one of {RULES}, got {rule!r}")
     if pre not in PRE_AGGREGATORS:
         raise FljaxError(f"robust: pre must be one of {PRE_AGGREGATORS}, got {pre!r}")
-    for name, value, least in (("f", f, 0), ("bucket_size", bucket_size, 1),
+    check("f", f, lambda v: v >= 0 and float(v).is_integer(), "a whole number >= 0")
+    for name, value, least in (("bucket_size", bucket_size, 1),
                                ("iterations", 1 if iterations is None else iterations, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise FljaxError(f"robust: {name} must be a whole number >= {least}, got {value!r}")
