@@ -30,6 +30,7 @@ LEADING = {"fedbn": 2}
 # The JSON values a type named in an annotation admits.
 # StaticFloat: a number that sets a shape (top-k's share of coordinates): structure, not traced.
 JSON_TYPES = {"float": (int, float), "StaticFloat": (int, float), "int": (int,), "bool": (bool,),
+              "Sequence[int]": (list,),
               "str": (str,), "None": (type(None),), "NoneType": (type(None),)}
 
 

@@ -164,6 +164,23 @@ def test_byzantine_rows_are_replaced_and_counted():
                                                              got[changed].shape), atol=1e-6)
 
 
+def test_mimic_copies_the_lowest_id_honest_client_of_the_round():
+    _, honest = one_round(capture(fljax.robust(FEDAVG, "mean")))
+    _, metrics = one_round(fljax.byzantine(capture(fljax.robust(FEDAVG, "mean")), "mimic",
+                                           ids=[0, 1, 2, 3]))
+    rows = np.stack([flat(jax.tree.map(lambda a: a[i], honest["rows"])) for i in range(5)])
+    got = np.stack([flat(jax.tree.map(lambda a: a[i], metrics["rows"])) for i in range(5)])
+    ids = np.asarray(jax.device_get(fljax.make_round(
+        capture(FEDAVG), MODEL, DATA, clients_per_round=5, batch_size=8, local_steps=3)(
+        fljax.make_round(capture(FEDAVG), MODEL, DATA, clients_per_round=5, batch_size=8,
+                         local_steps=3).init_state(PARAMS, 0))[1]["clients"]))
+    bad = ids <= 3
+    assert bad.any() and (~bad).any()
+    target = rows[np.argmin(np.where(bad, np.iinfo(np.int32).max, ids))]
+    np.testing.assert_array_equal(got[bad], np.broadcast_to(target, got[bad].shape))
+    np.testing.assert_array_equal(got[~bad], rows[~bad])
+
+
 def test_bad_compositions_and_values_are_one_line():
     for make, said in [
             (lambda: fljax.robust(fljax.scaffold(fljax.local_sgd(0.1)), "median"),

@@ -13,8 +13,10 @@ labels y -> C - 1 - y and sends its honest-looking update. Each round logs
 
 Attacks: ``sign_flip`` (the negated honest mean), ``gaussian`` (N(0, sigma^2 I) rows), ``alie``
 (Baruch et al. 2019: mu - z sigma, z from n and f as the paper sets it, or given), ``ipm`` (Xie et
-al. 2020: -epsilon times the honest mean), ``mimic`` (Karimireddy et al. 2022: a copy of one honest
-client's update), ``label_flip``.
+al. 2020: -epsilon times the honest mean), ``mimic`` (Karimireddy et al. 2022: a copy of the update
+of the round's honest client of lowest id, so one fixed client under full participation; the
+paper's warm-up choice of whom to copy, by the direction of largest variance, is not
+implemented), ``label_flip``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def byzantine(algorithm: Algorithm, attack: str, *, count: int | None = None,
 
         return algorithm.client_loss(ctx, flipped)
 
-    def attacked(x, mask, bad, key):
+    def attacked(x, mask, bad, key, ids):
         if attack == "sign_flip":
             return attacks.sign_flip(x, mask, bad)
         if attack == "gaussian":
@@ -111,13 +113,18 @@ def byzantine(algorithm: Algorithm, attack: str, *, count: int | None = None,
             return attacks.alie(x, mask, bad, z=z)
         if attack == "ipm":
             return attacks.inner_product_manipulation(x, mask, bad, epsilon)
-        return attacks.mimic(x, mask, bad)
+        honest = mask & ~bad      # mimic the honest client of lowest id in the round: under
+        slot = jnp.argmin(jnp.where(honest, ids, jnp.iinfo(jnp.int32).max))   # full
+        before = jnp.arange(honest.shape[0]) < slot                       # participation, one
+        return attacks.mimic(x, mask, bad, jnp.sum(honest & before))     # client
+
 
     def aggregate(cohort: CohortMessages):
         bad = which(cohort.num_clients)[cohort.ids] & cohort.joined
         attack_key, inner_key = jax.random.split(cohort.key)
         if attack != "label_flip":
-            x = attacked(stacked_matrix(cohort.messages), cohort.joined, bad, attack_key)
+            x = attacked(stacked_matrix(cohort.messages), cohort.joined, bad, attack_key,
+                         cohort.ids)
             cohort = cohort._replace(messages=unstacked_rows(x, cohort.messages))
         cohort = cohort._replace(key=inner_key)
         if algorithm.aggregate is None:
