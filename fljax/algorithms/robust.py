@@ -95,14 +95,14 @@ def robust(algorithm: Algorithm, rule: str = "median", *, f: float = 0, pre: str
            bucket_size: int = 2, q: int | None = None, tau: float = 1.0,
            iterations: int | None = None, nu: float = 1e-6) -> Algorithm:
     """``algorithm`` with its cohort's updates aggregated by ``rule`` (one of RULES) after the
-    pre-aggregator ``pre`` (one of PRE_AGGREGATORS); ``f``: the Byzantine clients the rule
-    tolerates (trimmed mean, Krum, Multi-Krum, Bulyan, NNM, ARC), a whole number that may be
-    traced (the rules compare positions with it: a grid over f is one program); ``q``:
-    Multi-Krum's rows averaged (default n - f); ``tau``, ``iterations``: centered clipping's
-    radius and
-    iterations (default 1, as the paper's L = 1); ``iterations`` and ``nu`` are the geometric
-    median's Weiszfeld iterations (default GEOMETRIC_ITERATIONS) and smoothing; ``bucket_size``:
-    bucketing's s. Memory: the m slots' model-sized updates, side by side."""
+    pre-aggregator ``pre`` (one of PRE_AGGREGATORS).
+
+    ``f``: the Byzantine clients the rule tolerates (trimmed mean, Krum, Multi-Krum, Bulyan, NNM,
+    ARC), a whole number that may be traced (the rules compare positions with it: a grid over f
+    is one program); ``q``: Multi-Krum's rows averaged (default n - f); ``tau``: centered
+    clipping's radius; ``iterations``: centered clipping's L (default 1) or the geometric
+    median's Weiszfeld iterations (default GEOMETRIC_ITERATIONS), ``nu`` its smoothing;
+    ``bucket_size``: bucketing's s. Memory: the m slots' model-sized updates, side by side."""
     if rule not in RULES:
         raise FljaxError(f"robust: rule must be one of {RULES}, got {rule!r}")
     if pre not in PRE_AGGREGATORS:
