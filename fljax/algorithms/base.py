@@ -249,6 +249,35 @@ document_fields(Algorithm, {
 })
 
 
+def with_inner_server_state(algorithm: Algorithm, **changes) -> Algorithm:
+    """``algorithm`` for a wrapper whose server state holds the algorithm's own as ``.inner``
+    (a NamedTuple with an ``inner`` field): every function that reads the server state is given
+    ``.inner``; ``changes`` (the wrapper's own functions, which see the whole state) replace
+    fields after that."""
+    def view(ctx: ClientContext) -> ClientContext:
+        return ctx._replace(server_state=ctx.server_state.inner)
+
+    lifted = dict(
+        client_start=lambda ctx, key: algorithm.client_start(view(ctx), key),
+        client_tx=lambda ctx: algorithm.client_tx(view(ctx)),
+        client_loss=lambda ctx, loss_fn: algorithm.client_loss(view(ctx), loss_fn),
+        client_end=lambda ctx, start, end: algorithm.client_end(view(ctx), start, end),
+        client_metrics=lambda ctx, start, end: algorithm.client_metrics(view(ctx), start, end),
+        client_vectors=lambda ctx: algorithm.client_vectors(view(ctx)),
+        eval_models=lambda params, server_state: algorithm.eval_models(params,
+                                                                       server_state.inner))
+    if algorithm.observe is not None:
+        def observe(round_view):
+            inner, metrics = algorithm.observe(round_view._replace(
+                server_state=round_view.server_state.inner))
+            return round_view.server_state._replace(inner=inner), metrics
+        lifted["observe"] = observe
+    if algorithm.personal_model is not None:
+        lifted["personal_model"] = lambda params, server_state, client_state: (
+            algorithm.personal_model(params, server_state.inner, client_state))
+    return algorithm._replace(**{**lifted, **changes})
+
+
 class LocalSGD(NamedTuple):
     """The local optimizer of the reference code: torch SGD after ``clip_grad_norm_``.
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fljax.algorithms.base import Algorithm, ClientContext, Params
+from fljax.algorithms.base import Algorithm, ClientContext, Params, with_inner_server_state
 from fljax.errors import FljaxError
 from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check, concrete, is_traced
 
@@ -150,26 +150,6 @@ def dp(algorithm: Algorithm, clip_norm: float, noise_multiplier: float, cohort_s
         return {**algorithm.client_metrics(inner_view(ctx), start, end),
                 "clip_norm": ctx.server_state.clip_norm}
 
-    observe = None
-    if algorithm.observe is not None:
-        def observe(view):
-            inner, metrics = algorithm.observe(view._replace(
-                server_state=view.server_state.inner))
-            return view.server_state._replace(inner=inner), metrics
-
-    personal_model = None
-    if algorithm.personal_model is not None:
-        def personal_model(params, server_state, client_state):
-            return algorithm.personal_model(params, server_state.inner, client_state)
-
-    return algorithm._replace(
-        name=f"{algorithm.name}+dp", server_init=server_init,
-        client_start=lambda ctx, key: algorithm.client_start(inner_view(ctx), key),
-        client_tx=lambda ctx: algorithm.client_tx(inner_view(ctx)),
-        client_loss=lambda ctx, loss_fn: algorithm.client_loss(inner_view(ctx), loss_fn),
-        client_end=client_end, server_update=server_update, perturb=perturb,
-        eval_models=lambda params, server_state: algorithm.eval_models(params,
-                                                                       server_state.inner),
-        client_metrics=client_metrics,
-        client_vectors=lambda ctx: algorithm.client_vectors(inner_view(ctx)),
-        observe=observe, personal_model=personal_model)
+    return with_inner_server_state(
+        algorithm, name=f"{algorithm.name}+dp", server_init=server_init, client_end=client_end,
+        server_update=server_update, perturb=perturb, client_metrics=client_metrics)

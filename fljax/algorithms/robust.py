@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax import aggregators
-from fljax.algorithms.base import Algorithm, ClientContext, CohortMessages, Params
+from fljax.algorithms.base import (Algorithm, ClientContext, CohortMessages, Params,
+                                   with_inner_server_state)
 from fljax.errors import FljaxError
 from fljax.hyperparams import NON_NEGATIVE, POSITIVE, check
 
@@ -166,30 +167,9 @@ def robust(algorithm: Algorithm, rule: str = "median", *, f: float = 0, pre: str
         params, inner = algorithm.server_update(params, server_state.inner, message, round_index)
         return params, RobustServerState(inner, message)
 
-    observe = None
-    if algorithm.observe is not None:
-        def observe(view):
-            inner, metrics = algorithm.observe(view._replace(
-                server_state=view.server_state.inner))
-            return view.server_state._replace(inner=inner), metrics
-
-    personal_model = None
-    if algorithm.personal_model is not None:
-        def personal_model(params, server_state, client_state):
-            return algorithm.personal_model(params, server_state.inner, client_state)
-
     shown = rule if pre == "none" else f"{pre}+{rule}"
-    return algorithm._replace(
-        name=f"{algorithm.name}+{shown}", server_init=server_init,
-        client_start=lambda ctx, key: algorithm.client_start(inner_view(ctx), key),
-        client_tx=lambda ctx: algorithm.client_tx(inner_view(ctx)),
-        client_loss=lambda ctx, loss_fn: algorithm.client_loss(inner_view(ctx), loss_fn),
+    return with_inner_server_state(
+        algorithm, name=f"{algorithm.name}+{shown}", server_init=server_init,
         client_end=lambda ctx, start, end: unweighted_end(algorithm, "robust")(
             inner_view(ctx), start, end),
-        server_update=server_update, aggregate=aggregate,
-        eval_models=lambda params, server_state: algorithm.eval_models(params,
-                                                                       server_state.inner),
-        client_metrics=lambda ctx, start, end: algorithm.client_metrics(inner_view(ctx), start,
-                                                                        end),
-        client_vectors=lambda ctx: algorithm.client_vectors(inner_view(ctx)),
-        observe=observe, personal_model=personal_model)
+        server_update=server_update, aggregate=aggregate)
