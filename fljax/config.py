@@ -417,9 +417,11 @@ class ExperimentConfig:
         this config's ``run_dir()`` (the name comes from the values as given)."""
         if self.aggregation is not None and self.out_dir is not None:
             return self
-        settings = registry.declared(registry.lookup("algorithm", self.algorithm))
-        return dataclasses.replace(self, out_dir=self.run_dir(), aggregation=(
-            self.aggregation or settings.get("aggregation", "examples")))
+        resolved = dataclasses.replace(self, out_dir=self.run_dir(), aggregation=resolved_values(
+            {"algorithm": self.algorithm, "aggregation": self.aggregation})["aggregation"])
+        if "options" in self.__dict__:       # parsed already (a DP calibration among them), and
+            resolved.__dict__["options"] = self.options   # neither field changes what they are
+        return resolved
 
     def imports(self) -> dict[str, dict[str, str]]:
         """{kind: {name: import path}} of the registered names this config uses (its algorithm,

@@ -25,7 +25,7 @@ import optax
 
 from fljax import registry
 from fljax.arguments import takes_float
-from fljax.config import ExperimentConfig
+from fljax.config import ExperimentConfig, resolved_values
 
 TRACED_FIELDS = ("lr", "lr_decay", "momentum", "weight_decay", "clip_norm", "server_lr",
                  "switch_at", "switch_lr")
@@ -42,7 +42,7 @@ def values(config: ExperimentConfig) -> dict[str, Any]:
     """Every value of ``config`` by key: its fields, and each argument of its JSON-valued fields
     under a dotted key (``algorithm_args.mu``, ``wrappers.relaxed_init.beta``)."""
     options = config.options
-    flat = {k: v for k, v in config.resolved().to_dict().items()
+    flat = {k: v for k, v in resolved_values(config.to_dict()).items()
             if k not in ("algorithm_args", "switch_args", "wrappers", "server_optimizer_args")}
     for field, args in (("algorithm_args", options.algorithm_args),
                         ("switch_args", options.switch_args),

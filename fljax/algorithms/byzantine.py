@@ -29,22 +29,11 @@ import jax.numpy as jnp
 from fljax import attacks
 from fljax.algorithms.base import Algorithm, ClientContext, CohortMessages
 from fljax.algorithms.compress import StaticFloat
-from fljax.algorithms.robust import stacked_matrix, unweighted_end, weighted_sum
+from fljax.algorithms.robust import as_matrix, unweighted_end, weighted_sum
 from fljax.errors import FljaxError
 from fljax.hyperparams import NON_NEGATIVE, check
 
 ATTACKS = ("sign_flip", "gaussian", "alie", "ipm", "mimic", "label_flip")
-
-
-def unstacked_rows(x: jax.Array, like):
-    """A matrix [m, d] laid out as ``like`` (leaves [m, ...]): ``stacked_matrix``'s inverse."""
-    leaves, treedef = jax.tree.flatten(like)
-    parts, start = [], 0
-    for leaf in leaves:
-        size = leaf[0].size
-        parts.append(x[:, start:start + size].reshape(leaf.shape).astype(leaf.dtype))
-        start += size
-    return treedef.unflatten(parts)
 
 
 def byzantine(algorithm: Algorithm, attack: str, *, count: int | None = None,
@@ -123,9 +112,9 @@ def byzantine(algorithm: Algorithm, attack: str, *, count: int | None = None,
         bad = which(cohort.num_clients)[cohort.ids] & cohort.joined
         attack_key, inner_key = jax.random.split(cohort.key)
         if attack != "label_flip":
-            x = attacked(stacked_matrix(cohort.messages), cohort.joined, bad, attack_key,
-                         cohort.ids)
-            cohort = cohort._replace(messages=unstacked_rows(x, cohort.messages))
+            x, unravel = as_matrix(cohort.messages)
+            x = attacked(x, cohort.joined, bad, attack_key, cohort.ids)
+            cohort = cohort._replace(messages=jax.vmap(unravel)(x))
         cohort = cohort._replace(key=inner_key)
         if algorithm.aggregate is None:
             message, metrics = weighted_sum(cohort), {}

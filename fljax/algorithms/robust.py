@@ -23,10 +23,11 @@ control variates, FedGA's first exchange), and one that aggregates itself alread
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 from fljax import aggregators
 from fljax.algorithms.base import (Algorithm, ClientContext, CohortMessages, Params,
@@ -48,23 +49,11 @@ class RobustServerState(NamedTuple):
     center: Params      # the last aggregate (centered clipping's start)
 
 
-def stacked_matrix(messages: Params) -> jax.Array:
-    """The stacked messages (leaves [m, ...]) as one matrix [m, d], leaf after leaf."""
-    leaves = jax.tree.leaves(messages)
-    m = leaves[0].shape[0]
-    return jnp.concatenate([leaf.reshape(m, -1) for leaf in leaves], axis=1)
-
-
-def unstacked(vector: jax.Array, like: Params) -> Params:
-    """A vector [d] laid out as one row of ``like`` (leaves [m, ...]): ``stacked_matrix``'s
-    inverse for one row."""
-    leaves, treedef = jax.tree.flatten(like)
-    parts, start = [], 0
-    for leaf in leaves:
-        size = leaf[0].size
-        parts.append(vector[start:start + size].reshape(leaf.shape[1:]).astype(leaf.dtype))
-        start += size
-    return treedef.unflatten(parts)
+def as_matrix(messages: Params) -> tuple[jax.Array, Callable[[jax.Array], Params]]:
+    """The stacked messages (leaves [m, ...]) as one matrix [m, d], each row a message raveled
+    leaf after leaf, and the function that lays a vector [d] out as one message again."""
+    _, unravel = ravel_pytree(jax.tree.map(lambda a: a[0], messages))
+    return jax.vmap(lambda row: ravel_pytree(row)[0])(messages), unravel
 
 
 def model_sized(name: str, what: str, update: Any, params: Params) -> None:
@@ -132,7 +121,7 @@ def robust(algorithm: Algorithm, rule: str = "median", *, f: float = 0, pre: str
                                  jax.tree.map(jnp.zeros_like, params))
 
     def reduce(cohort: CohortMessages):
-        x = stacked_matrix(cohort.messages)
+        x, _ = as_matrix(cohort.messages)
         mask, weights = cohort.joined, cohort.weights
         if pre == "nnm":
             x, mask = aggregators.nearest_neighbor_mixing(x, mask, f)
@@ -156,12 +145,11 @@ def robust(algorithm: Algorithm, rule: str = "median", *, f: float = 0, pre: str
         if rule == "geometric_median":
             return aggregators.geometric_median(x, mask, weights, nu=nu,
                                                 iterations=iterations or GEOMETRIC_ITERATIONS)
-        center = stacked_matrix(jax.tree.map(lambda a: a[None], cohort.server_state.center))[0]
+        center = ravel_pytree(cohort.server_state.center)[0]
         return aggregators.centered_clipping(x, mask, center, tau=tau, iterations=iterations or 1)
 
     def aggregate(cohort: CohortMessages):
-        vector = reduce(cohort)
-        return unstacked(vector, cohort.messages), {}
+        return as_matrix(cohort.messages)[1](reduce(cohort)), {}
 
     def server_update(params, server_state: RobustServerState, message, round_index):
         params, inner = algorithm.server_update(params, server_state.inner, message, round_index)
