@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax.algorithms.base import Algorithm, Params
+from fljax.core.clients import client_steps
+from fljax.core.cohort_training import cohort_runner
 from fljax.population.clock import Clock
 from fljax.population.cohort import cohort_weights, round_key, sample_cohort
 from fljax.errors import FljaxError
@@ -204,3 +206,34 @@ def async_round(asynchrony: Asynchrony, clock: Clock, algorithm: Algorithm,
                     "sim_time": now,
                     **{name: jnp.mean(values) for name, values in metrics.items()}}
     return new_state, step_metrics
+
+
+def asynchronous_step(build, plan):
+    """``step(state, data, mean_examples=None) -> (state, metrics)``: one server step of FedBuff
+    or FedAsync (``async_round``) for the algorithm ``build(state.hparams)`` under ``plan``
+    (``fljax.core.plan.RoundPlan``): each finisher trains from its start model as a client of the
+    round it started in, one at a time."""
+
+    def step(state, data, mean_examples=None):
+        algorithm = build(state.hparams)
+        check_algorithm(algorithm, state.params)
+        work = plan.work if mean_examples is None else plan.work._replace(
+            mean_examples=mean_examples)
+        buffer = plan.asynchrony.buffer
+        run_clients = cohort_runner(algorithm, (), work, plan.model, plan.augment, 1, False,
+                                    buffer, False, plan.loss_fn)
+
+        def train_one(client_id, weight, started, start):
+            """One finisher, trained from its start model as a client of round ``started``."""
+            one = client_id[None]
+            _, (message, _), metrics = run_clients(
+                one, one, (state.client_states, {}), weight[None], jnp.ones(1, bool), buffer,
+                start, state.server_state, started, round_key(state.key, started)[1], data)
+            return message, jax.tree.map(lambda a: a[0], metrics)
+
+        return async_round(plan.asynchrony, plan.clock, algorithm, train_one,
+                           lambda ids: client_steps(work, data.count[ids]), data.count,
+                           plan.aggregation, state, data)
+
+    return step
+

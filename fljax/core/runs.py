@@ -8,17 +8,20 @@ that differ between runs (another seed's partition) are stacked too, padded to t
 and data that all runs share (the examples themselves) are held once.
 
 This module holds the pieces that move between one run and a batch of them: stacking and taking
-states, stacking data, and the hyperparameter arrays.
+states, stacking data, the hyperparameter arrays, and ``batch_runs``, which turns a round step into
+the batched round ``make_round(..., runs=R)`` compiles.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
 
+from fljax.core.placement import RUNS, client_mesh, put
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.hyperparams import is_number
@@ -97,3 +100,72 @@ def data_of(data: FederatedData, axes: FederatedData, run: int) -> FederatedData
     """Run ``run``'s client data from a batch's (``stack_data``)."""
     return jax.tree.map(lambda axis, a: a if axis is None else a[run], axes, data,
                         is_leaf=lambda axis: axis is None)
+
+
+def batch_runs(step: Callable, datas: list[FederatedData], runs: int, run_chunk: int,
+               num_devices: int):
+    """R runs of the round ``step(state, data, mean_examples)`` in one function: (``batched(state,
+    data, means, active) -> (state, metrics)``, the data it takes (stacked where the runs' splits
+    differ; over a mesh of ``num_devices`` devices, each holds its runs'), that mesh (None on one
+    device), the data's run axes (None when every run shares one split), and the runs' mean
+    client sizes (None when equal))."""
+    data, axes = stack_data(datas) if len(datas) > 1 else (datas[0], _shared_axes(datas[0]))
+    means = np.stack([np.asarray(d.count) for d in datas]).mean(axis=1)
+    means = None if np.all(means == means[0]) else jnp.asarray(
+        means, jax.dtypes.canonicalize_dtype(jnp.float64))
+    mesh = client_mesh(num_devices, RUNS) if num_devices > 1 else None
+    if mesh is not None:
+        data = put(data, jax.tree.map(lambda axis: P() if axis is None else P(RUNS), axes,
+                                      is_leaf=lambda a: a is None), mesh)
+    batched = _batched(step, axes, means is not None, runs, run_chunk, mesh)
+    return batched, data, mesh, axes if len(datas) > 1 else None, means
+
+
+def _shared_axes(data: FederatedData) -> FederatedData:
+    """Every leaf of ``data`` shared by the runs (vmap axis None)."""
+    return jax.tree.map(lambda _: None, data)
+
+
+def _batched(round_fn: Callable, data_axes: Any, per_run_means: bool, runs: int,
+             run_chunk: int, mesh: Mesh | None) -> Callable:
+    """``(state, data, means, active) -> (state, metrics)`` of R runs: ``round_fn`` over the
+    leading run axis of the state (and of the per-run data and example means), ``run_chunk``
+    runs side by side (vmap) at a time, a scan over the chunks; over a ``mesh`` (axis 'runs')
+    each device takes R/D of the runs. A run whose ``active`` flag is False keeps its state."""
+    axis_leaves, _ = jax.tree.flatten(data_axes, is_leaf=lambda a: a is None)
+
+    def batched(state, data, means, active):
+        leaves, tree = jax.tree.flatten(data)
+        per_run = [a for a, axis in zip(leaves, axis_leaves) if axis is not None]
+
+        def one(xs):
+            run_state, run_leaves, mean = xs
+            mapped = iter(run_leaves)
+            run_data = jax.tree.unflatten(tree, [next(mapped) if axis is not None else a
+                                                 for a, axis in zip(leaves, axis_leaves)])
+            return round_fn(run_state, run_data, mean)
+
+        xs = (state, per_run, means if per_run_means else None)
+        if run_chunk == 1:    # a scan over runs: conditionals stay conditionals, and a run
+            def maybe(xs_active):     # that is not active costs nothing
+                xs, on = xs_active
+                _, metrics_shape = jax.eval_shape(one, xs)
+                idle = lambda: (xs[0], jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
+                                                    metrics_shape))
+                return jax.lax.cond(on, lambda: one(xs), idle)
+            return jax.lax.map(maybe, (xs, active))
+        if run_chunk >= active.shape[0]:
+            new_state, metrics = jax.vmap(one)(xs)
+        else:
+            new_state, metrics = jax.lax.map(one, xs, batch_size=run_chunk)
+        keep = lambda new, old: jnp.where(active.reshape(-1, *(1,) * (new.ndim - 1)), new, old)
+        return jax.tree.map(keep, new_state, state), metrics
+
+    if mesh is None:
+        return batched
+    data_specs_ = jax.tree.map(lambda axis: P() if axis is None else P(RUNS), data_axes,
+                               is_leaf=lambda a: a is None)
+    return jax.shard_map(batched, mesh=mesh,
+                         in_specs=(P(RUNS), data_specs_, P(RUNS) if per_run_means else P(),
+                                   P(RUNS)),
+                         out_specs=(P(RUNS), P(RUNS)), check_vma=False)
