@@ -1,4 +1,4 @@
-"""Implicit gradient alignment (fedga-gradalign.txt): FedGA's and SCAFFOLD's (Theorems 4 and 5),
+"""Implicit gradient alignment (FedGA / GradAlign (Dandi, Barba and Jaggi, AAAI 2022)): FedGA's and SCAFFOLD's (Theorems 4 and 5),
 SGD's (Theorem 1) and GradAlign's (Theorems 2 and 3).
 
 One round from x, n clients, all sampled, each client i taking K local steps of size alpha on its

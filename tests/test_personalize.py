@@ -1,4 +1,4 @@
-"""Personalized evaluation (feddecay.txt section 4): user splits, and fine-tune-then-score equal to a
+"""Personalized evaluation (FedDecay (Anonymous, 2023) section 4): user splits, and fine-tune-then-score equal to a
 float64 reference (each user's SGD steps in numpy, on the batches fljax draws), in runs and CLI."""
 
 import jax

@@ -1,4 +1,4 @@
-"""Gradient diversity (Yin et al. 2018; feddyn-as-initialization.txt Eq. (1)) of the cohort's
+"""Gradient diversity (Yin et al. 2018; FedDyn as initialization (Anonymous, 2024) Eq. (1)) of the cohort's
 pseudo-gradients and of any per-client vector an algorithm keeps (FedDyn's local drift, SCAFFOLD's
 control variates).
 
