@@ -25,8 +25,8 @@ from typing import NamedTuple
 import jax
 
 import fljax
-from fljax.config import ALGORITHMS, FULL_BATCH, ExperimentConfig
-from fljax.experiment import build_algorithm
+from fljax.runner.config import ALGORITHMS, FULL_BATCH, ExperimentConfig
+from fljax.runner.experiment import build_algorithm
 from fljax.accounting import client_bits, param_bytes
 from fljax.models.heads import with_projection_head
 from fljax.models.mixture import mixture

@@ -1,4 +1,4 @@
-"""What robust aggregation costs: each rule of fljax.aggregators over the plain weighted mean.
+"""What robust aggregation costs: each rule of fljax.robustness.aggregators over the plain weighted mean.
 
     python benchmarks/robust_cost.py [--quick] [--sizes 10,100,1000] [--cell-limit SECONDS]
                                      [--no-round] [--out BENCHMARKS.md]
@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fljax
-from fljax import aggregators as agg
+from fljax.robustness import aggregators as agg
 from fljax.algorithms.robust import GEOMETRIC_ITERATIONS
 from timing import DISTURBED, Timing, machine, round_robin, write_section
 

@@ -51,7 +51,7 @@ def measure(workload: str, mode: str, rounds: int, folder: str) -> dict:
     import jax
     from jax import monitoring
 
-    from fljax.cli import main
+    from fljax.runner.cli import main
 
     compile_seconds = [0.0]
 
@@ -75,7 +75,8 @@ def measure(workload: str, mode: str, rounds: int, folder: str) -> dict:
     start = time.perf_counter()
     code = main(args)
     wall = time.perf_counter() - start
-    from fljax import grouping, sweep
+    from fljax.runner import grouping
+    from fljax.runner import sweep
     cells = sweep.cells(sweep.load_sweep(path), "cpu" if workload == "fedinit" else None, out,
                         rounds=rounds)
     programs = len(grouping.group([c.config for c in cells], 1 if mode == "one" else len(cells)))

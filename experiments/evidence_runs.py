@@ -16,7 +16,7 @@ import sys
 from typing import Callable
 
 from fljax.data.leaf import write_synthetic
-from fljax.sweep import load_sweep, slug
+from fljax.runner.sweep import load_sweep, slug
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 USERS, MAX_SIZE = 1000, 100

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from fljax.data.leaf import write_synthetic
-from fljax.sweep import load_sweep, paired_difference, slug
+from fljax.runner.sweep import load_sweep, paired_difference, slug
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SWEEP = os.path.join(HERE, "evidence_privacy.json")

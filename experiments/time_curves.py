@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from evidence_runs import HERE, evaluations, report
-from fljax.sweep import load_sweep, paired_difference
+from fljax.runner.sweep import load_sweep, paired_difference
 
 SWEEPS = ("evidence_time.json", "evidence_time_natural.json")
 RESULTS = os.path.join(HERE, "results", "time")

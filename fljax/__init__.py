@@ -30,28 +30,36 @@ WRAPPER_NAMES = sorted([*BUILTIN_WRAPPERS, "local_layers", "switch"])
 _HOMES = {
     "fljax.algorithms": ["Algorithm", "ClientContext", "LocalSGD", "local_sgd", *ALGORITHM_NAMES,
                          *WRAPPER_NAMES],
-    "fljax.config": ["ExperimentConfig", "load_config"],
+    "fljax.runner.config": ["ExperimentConfig", "load_config"],
     "fljax.data": ["FederatedData", "federate", "load_dataset"],
-    "fljax.engine": ["RoundFunction", "RoundState", "init_state", "make_round", "sample_cohort"],
+    "fljax.core.engine": ["RoundFunction", "RoundState", "init_state", "make_round", "sample_cohort"],
     "fljax.errors": ["FljaxError"],
-    "fljax.evaluate": ["make_evaluator"],
-    "fljax.experiment": ["Experiment", "build"],
+    "fljax.models.evaluate": ["make_evaluator"],
+    "fljax.runner.experiment": ["Experiment", "build"],
     "fljax.models": ["Model", "from_module", "make_model", "mixture"],
     "fljax.registry": ["declare", "register_algorithm", "register_dataset", "register_model",
                        "register_probe", "unregister"],
-    "fljax.sweep": ["grid_table", "run_grid"],
-    "fljax.train": ["results_table", "run", "run_many"],
+    "fljax.runner.sweep": ["grid_table", "run_grid"],
+    "fljax.runner.train": ["results_table", "run", "run_many"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
-_SUBMODULES = ("accounting", "algorithms", "data", "experiment", "hyperparams", "models",
-               "privacy", "probes", "registry", "runs", "sweep", "train")
+# Modules reachable as attributes (``fljax.sweep``), with where they live in the layers below.
+_SUBMODULES = {
+    "accounting": "fljax.accounting", "algorithms": "fljax.algorithms",
+    "compression": "fljax.compression", "core": "fljax.core", "data": "fljax.data",
+    "experiment": "fljax.runner.experiment", "hyperparams": "fljax.hyperparams",
+    "models": "fljax.models", "population": "fljax.population", "privacy": "fljax.privacy",
+    "probes": "fljax.probes", "registry": "fljax.registry", "robustness": "fljax.robustness",
+    "runner": "fljax.runner", "runs": "fljax.core.runs", "sweep": "fljax.runner.sweep",
+    "train": "fljax.runner.train",
+}
 
 __all__ = sorted(_HOME) + ["probes"]
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
-        return importlib.import_module(f"fljax.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     if name not in _HOME:
         raise AttributeError(f"module 'fljax' has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOME[name]), name)

@@ -2,6 +2,6 @@
 
 import sys
 
-from fljax.cli import main
+from fljax.runner.cli import main
 
 sys.exit(main())

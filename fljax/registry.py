@@ -19,7 +19,7 @@ What a factory of each kind is called with:
 - algorithm: ``factory(local, **algorithm_args)`` as the built-ins, ``local`` the config's local
   optimizer (``fljax.local_sgd(lr, momentum=..., weight_decay=..., clip_norm=..., ...)``), plus
   ``model``, ``server_lr`` or ``server_optimizer`` if it names them; its keyword arguments are
-  its ``--algorithm-args``, checked against its signature (``fljax.arguments``), and those that
+  its ``--algorithm-args``, checked against its signature (``fljax.runner.arguments``), and those that
   take a ``float`` may be traced, so a grid over them is one compiled program;
 - model: ``factory(num_classes=..., input_shape=...)`` (the ones it names) returning a Flax module
   (wrapped by ``fljax.from_module``) or a ``fljax.Model``;
@@ -47,7 +47,7 @@ BUILTIN_ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "scaffold", "feddyn", "feda
                       "fedyogi", "fedadagrad", "fedexp", "fednova", "fedcm", "fedsam", "moon",
                       "fedntd", "feddecorr", "fedinit", "fedga", "gradalign", "lbsgd", "feddecay",
                       "fomaml", "reptile", "ditto", "pfedme", "fedem", "fedpaq")
-# Wrappers over any algorithm, applied innermost first (fljax.experiment.wrap).
+# Wrappers over any algorithm, applied innermost first (fljax.runner.experiment.wrap).
 BUILTIN_WRAPPERS = ("gradual_unfreezing", "local_decay", "relaxed_init", "fedbn", "robust",
                     "byzantine", "compress", "dp")
 BUILTIN_PROBES = ("pseudo_gradient_diversity", "cosine_previous", "cosine_to", "state_diversity",

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from fljax.data.batching import client_batch, steps_per_epoch
-from fljax.engine import bernoulli_cohort, client_keys, round_key, sample_cohort
+from fljax.core.engine import bernoulli_cohort, client_keys, round_key, sample_cohort
 
 
 def mlp_loss_and_grad(params, x, y, mask):

@@ -12,9 +12,9 @@ import pytest
 
 import fljax
 from fljax.accounting import client_bits, hlo_flops, param_bytes
-from fljax.checkpoint import Checkpoints
-from fljax.engine import RoundState
-from fljax.train import results_table, run
+from fljax.runner.checkpoint import Checkpoints
+from fljax.core.engine import RoundState
+from fljax.runner.train import results_table, run
 
 
 def compiled_text(fn, *args) -> str:

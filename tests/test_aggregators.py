@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fljax import aggregators as agg
+from fljax.robustness import aggregators as agg
 
 N, D = 11, 5             # real rows, coordinates
 GARBAGE_AT = (3, 9)      # masked slots of the [N + 2, D] stack

@@ -7,12 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from fljax.config import ALGORITHMS, ExperimentConfig
+from fljax.runner.config import ALGORITHMS, ExperimentConfig
 from fljax.data.federated import federate
 from fljax import probes
-from fljax.engine import make_round
+from fljax.core.engine import make_round
 from fljax import algorithms
-from fljax.experiment import build_algorithm
+from fljax.runner.experiment import build_algorithm
 from fljax.models import MLP, from_module
 from fljax.models.heads import with_projection_head
 from fljax.models.mixture import mixture

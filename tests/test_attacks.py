@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fljax import attacks
+from fljax.robustness import attacks
 
 MASK = np.array([1, 1, 1, 0, 1, 1, 0, 1, 1], bool)
 BYZANTINE = np.array([0, 1, 0, 1, 0, 1, 0, 0, 1], bool)   # slot 3: padding, not a client

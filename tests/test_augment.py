@@ -5,10 +5,10 @@ import jax
 import numpy as np
 import pytest
 
-from fljax.config import ExperimentConfig
+from fljax.runner.config import ExperimentConfig
 from fljax.data.augment import flip_and_crop
 from fljax.errors import FljaxError
-from fljax.train import run
+from fljax.runner.train import run
 
 PAD = 4
 

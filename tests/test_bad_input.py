@@ -16,9 +16,9 @@ import tempfile
 import numpy as np
 import pytest
 
-from fljax.checkpoint import Checkpoints
-from fljax.cli import main
-from fljax.config import ExperimentConfig
+from fljax.runner.checkpoint import Checkpoints
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
 from tests.test_resume import assert_same, final_state, records
 
 RUN = ["--rounds", "2", "--checkpoint-every", "1", "--eval-every", "1", "--quiet"]

@@ -10,10 +10,12 @@ import time
 
 import pytest
 
-from fljax import grouping, sweep
-from fljax.cli import main
-from fljax.config import ExperimentConfig
-from fljax.train import run
+from fljax.runner import grouping
+
+from fljax.runner import sweep
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
+from fljax.runner.train import run
 from tests.test_resume import records
 
 TINY = ["--rounds", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet",

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fljax.cli import config_from_args, main
-from fljax.config import ALGORITHMS, GROUPS, WRAPPERS, ExperimentConfig, load_config
+from fljax.runner.cli import config_from_args, main
+from fljax.runner.config import ALGORITHMS, GROUPS, WRAPPERS, ExperimentConfig, load_config
 from tests.test_bad_input import snapshot
 
 MAIN_JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -115,8 +115,8 @@ def test_the_algorithm_listing_speaks_flags_and_json_keys_not_python(capsys):
     import re
 
     from fljax import algorithms
-    from fljax.arguments import settable
-    from fljax.cli import SUMMARIES
+    from fljax.runner.arguments import settable
+    from fljax.runner.cli import SUMMARIES
 
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fljax.cohort import sample_cohort
+from fljax.population.cohort import sample_cohort
 
 SEEDS = (0, 1, 7, 123)
 SIZES = ((10, 3), (100, 10), (1000, 50), (5, 5), (2**20, 16))

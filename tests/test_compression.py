@@ -25,16 +25,17 @@ import pytest
 import scipy.linalg
 
 import fljax
-from fljax import FljaxError, algorithms, grouping
+from fljax import FljaxError, algorithms
+from fljax.runner import grouping
 from fljax.accounting import client_bits
 from fljax.algorithms.compress import encode_message
-from fljax.cli import main
-from fljax.cohort import client_keys, message_keys, round_key
+from fljax.runner.cli import main
+from fljax.population.cohort import client_keys, message_keys, round_key
 from fljax.compression import make, qsgd, random_k, rotated_uniform, scaled_sign, top_k
 from fljax.compression.rotation import walsh_hadamard
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
-from fljax.experiment import build_algorithm
+from fljax.core.engine import init_state, make_round
+from fljax.runner.experiment import build_algorithm
 from tests.reference import client_schedule, global_norm, local_sgd, tree_map
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 from tests.test_runs import compare

@@ -6,10 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fljax import FljaxError, algorithms, experiment
-from fljax.config import ExperimentConfig
+from fljax import FljaxError, algorithms
+
+from fljax.runner import experiment
+from fljax.runner.config import ExperimentConfig
 from fljax.data.federated import federate
-from fljax.engine import make_round
+from fljax.core.engine import make_round
 from fljax.models import make_model
 
 

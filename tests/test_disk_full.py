@@ -15,9 +15,9 @@ import sys
 import jax
 import pytest
 
-from fljax.checkpoint import Checkpoints
-from fljax.cli import main
-from fljax.config import ExperimentConfig
+from fljax.runner.checkpoint import Checkpoints
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
 from tests.test_resume import final_state, records
 
 RUN = ["--checkpoint-every", "2", "--eval-every", "1", "--quiet", "--num-clients", "10",

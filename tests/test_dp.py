@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 from dp_accounting import rdp
 
-from fljax import FljaxError, algorithms, privacy
+from fljax import FljaxError, algorithms
+
+from fljax import privacy
 from fljax.algorithms.dp import update_noise_multiplier
-from fljax.cli import main
-from fljax.cohort import server_key
+from fljax.runner.cli import main
+from fljax.population.cohort import server_key
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from tests.reference import client_schedule, global_norm, local_sgd, mlp_loss_and_grad, tree_map
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 from tests.test_runs import compare

@@ -20,7 +20,7 @@ from fljax.algorithms.feddyn import feddyn
 from fljax.algorithms.fedprox import fedprox
 from fljax.algorithms.scaffold import scaffold
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.errors import FljaxError
 from tests.reference import (client_schedule, cohort_full_gradients, global_norm,
                              mlp_loss_and_grad, sgd_buffer, tree_map)

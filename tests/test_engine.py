@@ -12,7 +12,7 @@ import pytest
 
 from fljax import FljaxError, algorithms
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round, sample_cohort
+from fljax.core.engine import init_state, make_round, sample_cohort
 from fljax.models import make_model
 
 
@@ -120,7 +120,7 @@ MULTI_DEVICE = textwrap.dedent("""
     from fljax import algorithms
     from fljax.data.federated import federate
     from fljax import probes
-    from fljax.engine import init_state, make_round
+    from fljax.core.engine import init_state, make_round
     from fljax.models import make_model
     assert len(jax.devices()) == 8
     rng = np.random.default_rng(0)

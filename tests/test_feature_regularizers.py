@@ -23,7 +23,7 @@ from fljax.algorithms.fedntd import fedntd
 from fljax.algorithms.fedsam import fedsam, sam_loss
 from fljax.algorithms.moon import moon
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.errors import FljaxError
 from fljax.models import MLP, ConvNet, cross_entropy, from_module, num_params
 from fljax.models.heads import with_projection_head

@@ -7,7 +7,7 @@ import pytest
 
 from fljax import algorithms
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.models import MLP, from_module
 from tests.reference import client_schedule, global_norm, mlp_loss_and_grad, tree_map
 

@@ -112,7 +112,7 @@ from fljax.algorithms import fedavg, local_sgd, scaffold
 from fljax.algorithms.base import tree_scale
 from fljax.algorithms.fedga import fedga, gradalign, lbsgd
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.models import from_module
 
 DIM, CLASSES, HIDDEN, K = 3, 3, 4, 3

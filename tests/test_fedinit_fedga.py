@@ -18,7 +18,7 @@ from fljax.algorithms.fedga import fedga, gradalign, lbsgd
 from fljax.algorithms.feddyn import feddyn
 from fljax.algorithms.fedinit import fedinit, relaxed_init
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round, round_key, sample_cohort
+from fljax.core.engine import init_state, make_round, round_key, sample_cohort
 from fljax.errors import FljaxError
 from tests.reference import cohort_full_gradients, global_norm, mlp_loss_and_grad, tree_map
 from tests.test_drift_corrections import (EPOCHS, REDUCTION_LOCAL, STEPS, assert_close,

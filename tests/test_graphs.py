@@ -10,13 +10,13 @@ import pytest
 import scipy.sparse as sp
 
 from fljax import algorithms
-from fljax.cli import main
+from fljax.runner.cli import main
 from fljax.data.federated import federate
 from fljax.data.graphs import (Graph, federated_graph_dataset, load_planetoid,
                                louvain_communities, louvain_split)
-from fljax.engine import make_round
+from fljax.core.engine import make_round
 from fljax.errors import FljaxError
-from fljax.evaluate import make_evaluator
+from fljax.models.evaluate import make_evaluator
 from fljax.models import make_model
 
 

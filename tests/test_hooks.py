@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax.algorithms import fedavg, local_sgd, switch
-from fljax.config import ExperimentConfig
+from fljax.runner.config import ExperimentConfig
 from fljax.data.federated import federate
-from fljax.engine import cohort_weights, init_state, make_round, round_key, sample_cohort
+from fljax.core.engine import cohort_weights, init_state, make_round, round_key, sample_cohort
 from fljax.models import MLP, from_module
-from fljax.train import run
+from fljax.runner.train import run
 
 SIZES = [8, 30, 12, 25, 5, 40]
 
@@ -84,7 +84,7 @@ def test_switch_carries_the_hooks_of_the_running_algorithm():
 def test_runner_logs_exchanges_and_client_metrics(tmp_path):
     import json
 
-    from fljax.experiment import build
+    from fljax.runner.experiment import build
 
     config = ExperimentConfig(rounds=3, eval_every=3, out_dir=str(tmp_path / "run"),
                               num_clients=6, clients_per_round=3)

@@ -1,4 +1,4 @@
-"""Hyperband early stopping of a sweep's grid points (fljax.hyperband, Optuna's HyperbandPruner):
+"""Hyperband early stopping of a sweep's grid points (fljax.runner.hyperband, Optuna's HyperbandPruner):
 weak points stop at a rung and are never selected, the best trains to the end, a rerun replays
 the decisions, bad options are one line; end to end through fljax sweep."""
 
@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from fljax import hyperband, sweep
-from fljax.cli import main
+from fljax.runner import hyperband
+
+from fljax.runner import sweep
+from fljax.runner.cli import main
 from fljax.errors import FljaxError
 
 LRS = [0.001, 0.3, 0.01, 0.2, 0.03, 0.1, 0.05, 0.02, 0.005]

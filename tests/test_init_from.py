@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from fljax import FljaxError
-from fljax.checkpoint import Checkpoints, saved_params
-from fljax.cli import main
-from fljax.config import ExperimentConfig
-from fljax.experiment import batch_memory, build, build_batch
-from fljax.train import run, run_many
+from fljax.runner.checkpoint import Checkpoints, saved_params
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
+from fljax.runner.experiment import batch_memory, build, build_batch
+from fljax.runner.train import run, run_many
 from tests.xla_build import xla_flags
 
 BASE = dict(rounds=2, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,

@@ -9,9 +9,9 @@ import pytest
 
 from fljax import algorithms
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.errors import FljaxError
-from fljax.evaluate import make_evaluator
+from fljax.models.evaluate import make_evaluator
 from fljax.models import cross_entropy, from_module
 from tests.reference import client_schedule, tree_map
 

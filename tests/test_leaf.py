@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from fljax.cli import main
+from fljax.runner.cli import main
 from fljax.data.leaf import LETTERS, load_leaf, load_user_npz, write_leaf, write_synthetic
 from fljax.data.loaders import load_dataset
 from fljax.errors import FljaxError
@@ -190,8 +190,8 @@ def test_shakespeare_lstm_trains_in_the_compiled_round(tmp_path):
     from fljax import algorithms
     from fljax.data.federated import federate
     from fljax.data.partition import natural
-    from fljax.engine import make_round
-    from fljax.evaluate import make_evaluator
+    from fljax.core.engine import make_round
+    from fljax.models.evaluate import make_evaluator
     from fljax.models import make_model
 
     write_leaf(tmp_path / "shakespeare", shakespeare_users(), "all_data")

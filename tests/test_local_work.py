@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from fljax import sweep
-from fljax.cli import config_from_args
-from fljax.config import ExperimentConfig, load_config
+from fljax.runner import sweep
+from fljax.runner.cli import config_from_args
+from fljax.runner.config import ExperimentConfig, load_config
 from fljax.errors import FljaxError
 
 

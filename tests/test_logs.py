@@ -6,8 +6,8 @@ import struct
 
 from tensorboardX.proto.event_pb2 import Event
 
-from fljax.cli import main
-from fljax.logs import RunLog, read_log
+from fljax.runner.cli import main
+from fljax.runner.logs import RunLog, read_log
 
 
 def scalars(event_file):

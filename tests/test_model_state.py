@@ -9,7 +9,7 @@ import pytest
 
 from fljax import algorithms
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.errors import FljaxError
 from fljax.models import from_module, make_model
 from fljax.models.layers import BatchNorm, dense

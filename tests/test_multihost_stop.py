@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fljax.multihost import STOPPED_AFTER
+from fljax.runner.multihost import STOPPED_AFTER
 from tests.test_resume import records
 from tests.xla_build import xla_flags
 

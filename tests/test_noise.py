@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from fljax import FljaxError
-from fljax.cli import main
-from fljax.config import ExperimentConfig
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
 from fljax.data import loaders, noise
-from fljax.experiment import build
+from fljax.runner.experiment import build
 
 CONFIG = ExperimentConfig(num_clients=10, clients_per_round=4, partition="dirichlet_balanced",
                           replacement=True, dirichlet_alpha=0.1, seed=3, local_epochs=1,

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import fljax
-from fljax import grouping, registry
-from fljax.cli import main
-from fljax.config import ExperimentConfig
-from fljax.logs import read_log
-from fljax.sweep import grid_cells
+from fljax import registry
+from fljax.runner import grouping
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
+from fljax.runner.logs import read_log
+from fljax.runner.sweep import grid_cells
 from tests import own_work
 
 OWN = ["--dataset", "tests.own_work:blobs", "--model", "tests.own_work:tiny_net",

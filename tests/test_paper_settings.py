@@ -10,7 +10,7 @@ the section or table it comes from:
 ``setting`` a config field (a dotted path reaches into a JSON field: ``algorithm_args.alpha``,
 ``wrappers.gradual_unfreezing.fraction``) and ``value`` its JSON value. A cell's value is the set
 of values its runs take over its grid and seeds: one value, or the sorted list its grid searches
-(``[0.05, 0.1, 0.2, 0.4]``). The test resolves every full-scale cell through ``fljax.sweep.cells``
+(``[0.05, 0.1, 0.2, 0.4]``). The test resolves every full-scale cell through ``fljax.runner.sweep.cells``
 (the same merge of base, scale, row and column a run gets) and checks that
 
 - each line's value is the value of every cell it covers (so a merge rule or a config default can
@@ -29,7 +29,7 @@ import os
 
 import pytest
 
-from fljax import sweep
+from fljax.runner import sweep
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 EXPERIMENTS = os.path.join(ROOT, "experiments")

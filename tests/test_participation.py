@@ -11,10 +11,10 @@ import pytest
 
 from fljax.algorithms.fedga import fedga
 from fljax.algorithms.fedprox import fedprox
-from fljax.config import ExperimentConfig
-from fljax.engine import bernoulli_cohort, round_key
+from fljax.runner.config import ExperimentConfig
+from fljax.core.engine import bernoulli_cohort, round_key
 from fljax.errors import FljaxError
-from fljax.train import run as run_experiment
+from fljax.runner.train import run as run_experiment
 from tests.test_drift_corrections import (EPOCHS, STEPS, assert_close, client_row, feddyn_of,
                                           feddyn_reference, fedprox_reference, make_local,
                                           rounds_of, run, split)

@@ -21,14 +21,14 @@ from fljax.algorithms import local_sgd
 from fljax.algorithms.ditto import ditto
 from fljax.algorithms.fedem import fedem
 from fljax.algorithms.pfedme import PersonalModel, pfedme
-from fljax.cli import main
+from fljax.runner.cli import main
 from fljax.data.batching import client_batch
 from fljax.data.federated import federate
 from fljax.data.users import Users
-from fljax.engine import client_keys, init_state, make_round, round_key, stream_keys
+from fljax.core.engine import client_keys, init_state, make_round, round_key, stream_keys
 from fljax.errors import FljaxError
 from fljax.models.mixture import mixture
-from fljax.personalize import finetune_key, make_user_evaluator
+from fljax.core.personalize import finetune_key, make_user_evaluator
 from tests.reference import (global_norm, mlp_loss_and_grad, sgd_buffer, tree_map,
                              user_summaries)
 from tests.test_drift_corrections import (EPOCHS, SEED, STEPS, assert_close, client_row,

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from fljax.algorithms import local_sgd
-from fljax.cli import main
-from fljax.config import ExperimentConfig
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
 from fljax.data.batching import client_batch
 from fljax.data.federated import federate
 from fljax.data.users import split_users
 from fljax.errors import FljaxError
-from fljax.experiment import build
-from fljax.personalize import finetune_key, make_user_evaluator
-from fljax.train import run
+from fljax.runner.experiment import build
+from fljax.core.personalize import finetune_key, make_user_evaluator
+from fljax.runner.train import run
 from tests.reference import mlp_loss_and_grad, user_summaries
 from tests.test_drift_corrections import local_train
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem

@@ -14,8 +14,8 @@ import pytest
 import fljax
 from fljax import probes
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
-from fljax.evaluate import make_evaluator
+from fljax.core.engine import init_state, make_round
+from fljax.models.evaluate import make_evaluator
 from fljax.models import make_model
 from fljax.probes.interaction import interaction_tensor_of
 from tests.reference import global_norm, mlp_loss_and_grad, tree_map
@@ -443,8 +443,8 @@ def test_a_run_with_probes_resumes_bit_identically_and_plots(tmp_path):
     """Probe state (per-client previous pseudo-gradients) and the adaptive switch's state are
     checkpointed: 2 rounds, then a resume to 5, logs what 5 uninterrupted rounds log (the
     criterion first holds after round 4 here); ``fljax plot --metrics`` draws a probe."""
-    from fljax.plot import plot_runs
-    from fljax.train import run
+    from fljax.runner.plot import plot_runs
+    from fljax.runner.train import run
 
     def records(out_dir):
         with open(f"{out_dir}/metrics.jsonl") as f:

@@ -13,7 +13,7 @@ import pytest
 
 import fljax
 from fljax import algorithms
-from fljax.config import ALGORITHMS, WRAPPERS
+from fljax.runner.config import ALGORITHMS, WRAPPERS
 from fljax.fielddocs import document_fields
 
 

@@ -15,11 +15,11 @@ import optax
 import pytest
 
 from fljax import FljaxError, algorithms
-from fljax.checkpoint import Checkpoints, check_same_experiment
-from fljax.config import ExperimentConfig
-from fljax.experiment import build
-from fljax.logs import read_log
-from fljax.train import run
+from fljax.runner.checkpoint import Checkpoints, check_same_experiment
+from fljax.runner.config import ExperimentConfig
+from fljax.runner.experiment import build
+from fljax.runner.logs import read_log
+from fljax.runner.train import run
 from tests.test_logs import scalars
 
 BASE = dict(rounds=8, eval_every=2, checkpoint_every=2, num_clients=10, clients_per_round=4,
@@ -288,7 +288,7 @@ def test_ctrl_c_saves_flushes_and_exits_cleanly(tmp_path, reference_run):
 # Ctrl-C at a chosen moment of start-up: MODULE.NAME sends it to its own process when called.
 INTERRUPT_AT = """
 import importlib, os, signal, sys
-from fljax.cli import main
+from fljax.runner.cli import main
 
 module, name = importlib.import_module(sys.argv[1]), sys.argv[2]
 original = getattr(module, name)
@@ -311,7 +311,7 @@ class Interrupt:
         return None
 
 sys.meta_path.insert(0, Interrupt())
-from fljax.cli import main
+from fljax.runner.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -329,7 +329,7 @@ def test_ctrl_c_while_jax_imports_exits_130_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("module, name, message", [
     ("fljax.data.loaders", "load_dataset", "interrupted during start-up; nothing was written"),
-    ("fljax.train", "RunLog",
+    ("fljax.runner.train", "RunLog",
      "interrupted before the first round; run the same command again to start"),
 ], ids=["while the data loads", "after the run directory appears"])
 def test_ctrl_c_during_start_up_exits_130_with_one_line(module, name, message, tmp_path):

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import fljax
-from fljax import aggregators
+from fljax.robustness import aggregators
 from fljax.algorithms.robust import weighted_sum
-from fljax.cli import main
-from fljax.config import ExperimentConfig
+from fljax.runner.cli import main
+from fljax.runner.config import ExperimentConfig
 from fljax.data.federated import federate
 from fljax.errors import FljaxError
-from fljax.logs import read_log
+from fljax.runner.logs import read_log
 from fljax.models import make_model
 from tests.xla_build import xla_flags
 
@@ -88,7 +88,7 @@ def krum_reference(rows, joined, f):
 
 
 def by(function, *args, **named):
-    """A rule of fljax.aggregators (float64-tested in test_aggregators.py) on captured rows."""
+    """A rule of fljax.robustness.aggregators (float64-tested in test_aggregators.py) on captured rows."""
     return lambda r, j, w: np.asarray(function(jnp.asarray(r, jnp.float32), jnp.asarray(j),
                                                *args, **named), np.float64)
 

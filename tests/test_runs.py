@@ -11,8 +11,8 @@ import fljax
 from fljax import FljaxError, algorithms, probes
 from fljax.algorithms.fedbug import gradual_unfreezing
 from fljax.data.federated import federate
-from fljax.engine import make_round
-from fljax.runs import take
+from fljax.core.engine import make_round
+from fljax.core.runs import take
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 
 UNITS = (("fc1",), ("fc2",))

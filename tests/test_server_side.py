@@ -24,7 +24,7 @@ from fljax.algorithms.server_optimizers import (ema_momentum_server, fedadagrad,
                                                 fedavgm, fedyogi, fedyogi_server,
                                                 heavy_ball_server)
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.errors import FljaxError
 from tests.reference import client_schedule, global_norm, mlp_loss_and_grad, tree_map
 from tests.test_fedavg_reference import NUM_CLASSES

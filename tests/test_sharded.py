@@ -23,9 +23,9 @@ import os, tempfile
 import jax, numpy as np
 from jax.sharding import PartitionSpec as P
 from fljax import algorithms
-from fljax.checkpoint import Checkpoints
+from fljax.runner.checkpoint import Checkpoints
 from fljax.data.federated import federate
-from fljax.engine import make_round
+from fljax.core.engine import make_round
 from fljax.models import make_model
 assert len(jax.devices()) == 8
 rng = np.random.default_rng(0)

@@ -8,12 +8,12 @@ import os
 import pytest
 
 import fljax
-from fljax import sweep
-from fljax.cli import main
+from fljax.runner import sweep
+from fljax.runner.cli import main
 from fljax.data.leaf import write_synthetic
 from fljax.errors import FljaxError
-from fljax.experiment import build
-from fljax.train import Diverged, run
+from fljax.runner.experiment import build
+from fljax.runner.train import Diverged, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEPS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "*.json"))

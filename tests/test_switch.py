@@ -9,7 +9,7 @@ import pytest
 from fljax import FljaxError, algorithms
 from fljax.algorithms.switch import switch
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
 
 
@@ -147,8 +147,8 @@ def test_carry_state_needs_states_of_the_same_structure():
 
 
 def test_config_switch_carry_state_reaches_the_switch():
-    from fljax.config import ExperimentConfig
-    from fljax.experiment import build_algorithm
+    from fljax.runner.config import ExperimentConfig
+    from fljax.runner.experiment import build_algorithm
     from fljax.models import make_model
     model = make_model("mlp", (64,), 10)
     for carry in (False, True):
@@ -164,8 +164,8 @@ def test_config_switch_lr_is_the_local_lr_of_the_second_algorithm():
     """--switch-lr 0.01 after --lr 0.1 (feddyn-as-init Figure 7's x0.1 step at the switch) is
     switch(feddyn at lr 0.1, fedavg at lr 0.01), inside the one compiled round, as a float or a
     traced value; without it the second algorithm keeps --lr."""
-    from fljax.config import ExperimentConfig
-    from fljax.experiment import build_algorithm, make_algorithm
+    from fljax.runner.config import ExperimentConfig
+    from fljax.runner.experiment import build_algorithm, make_algorithm
     model = tiny_problem()[3]
     config = ExperimentConfig(algorithm="feddyn", switch_to="fedavg", switch_at=2, lr=0.1,
                               switch_lr=0.01).validate()
@@ -186,6 +186,6 @@ def test_config_switch_lr_is_the_local_lr_of_the_second_algorithm():
     (dict(switch_lr=0.01, switch_to=None), "switch_lr needs switch_to"),
 ])
 def test_bad_switch_lr_is_one_line(change, message):
-    from fljax.config import ExperimentConfig
+    from fljax.runner.config import ExperimentConfig
     with pytest.raises(FljaxError, match=message):
         ExperimentConfig(switch_to="fedavg", switch_at=2).replace(**change).validate()

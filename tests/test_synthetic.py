@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import norm
 
 from fljax import ExperimentConfig, FljaxError, build
-from fljax.cli import main
+from fljax.runner.cli import main
 from fljax.data import partition
 from fljax.data.loaders import load_dataset
 from fljax.data.synthetic import generate, load_synthetic

@@ -10,9 +10,9 @@ from flax.traverse_util import flatten_dict
 
 from fljax import algorithms
 from fljax.data.federated import federate
-from fljax.engine import make_round
+from fljax.core.engine import make_round
 from fljax.errors import FljaxError
-from fljax.evaluate import make_evaluator
+from fljax.models.evaluate import make_evaluator
 from fljax.models import from_module
 from fljax.models.text import (CharLSTM, TransformerClassifier, huggingface_names,
                                load_bert_checkpoint)

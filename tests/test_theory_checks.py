@@ -85,7 +85,7 @@ from fljax.algorithms.base import ClientContext
 from fljax.algorithms.feddecay import decay_coefficient, feddecay
 from fljax.algorithms.meta import fomaml
 from fljax.data.federated import federate
-from fljax.engine import make_round
+from fljax.core.engine import make_round
 from fljax.errors import FljaxError
 from fljax.models import from_module
 from tests.test_fedga_theory import problem
@@ -415,9 +415,9 @@ def test_lr_decay_offset_reaches_the_local_optimizer_and_bad_values_exit_2(capsy
     """--lr-decay-offset d: the algorithm's local lr in round t is lr * lr_decay**t * d / (t + d);
     0 or a negative value is a one-line error with exit code 2."""
     from fljax import algorithms
-    from fljax.cli import main
-    from fljax.config import ExperimentConfig
-    from fljax.experiment import make_algorithm
+    from fljax.runner.cli import main
+    from fljax.runner.config import ExperimentConfig
+    from fljax.runner.experiment import make_algorithm
     from fljax.models.zoo import make_model
 
     made = []

@@ -1,4 +1,4 @@
-"""Simulated time (``fljax.clock``, ``fljax.stragglers``, ``fljax.asynchronous``) against
+"""Simulated time (``fljax.population.clock``, ``fljax.population.stragglers``, ``fljax.core.asynchronous``) against
 independent references: durations recomputed in numpy from the same jax.random draws; deadlines,
 dropout and over-selection by a float64 numpy FedAvg that follows the stragglers docstring;
 FedBuff and FedAsync by a pure-Python event-queue simulator (a heap of (finish time, slot)) with
@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from fljax import FljaxError, algorithms
-from fljax.asynchronous import Asynchrony, replacements
-from fljax.clock import CLOCK_STREAM, Clock, make_clock
-from fljax.cohort import Cohort, client_keys, round_key, sample_cohort
-from fljax.config import ExperimentConfig
+from fljax.core.asynchronous import Asynchrony, replacements
+from fljax.population.clock import CLOCK_STREAM, Clock, make_clock
+from fljax.population.cohort import Cohort, client_keys, round_key, sample_cohort
+from fljax.runner.config import ExperimentConfig
 from fljax.data.batching import client_batch
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
-from fljax.runs import take
-from fljax.stragglers import DROPOUT_STREAM, Deadline, sampled, settle
-from fljax.train import run
+from fljax.core.engine import init_state, make_round
+from fljax.core.runs import take
+from fljax.population.stragglers import DROPOUT_STREAM, Deadline, sampled, settle
+from fljax.runner.train import run
 from tests.reference import global_norm, local_sgd, tree_map
 from tests.test_dp import cli
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
@@ -289,7 +289,7 @@ def test_a_trace_gives_the_step_times(tmp_path):
      "step_times lists 3 clients; the run has 4"),
     (lambda: tiny_round(clock=Clock(step_times=(1.0, 2.0, 3.0))),
      "the clock's trace lists 3 clients' step times; the population has 6"),
-    (lambda: tiny_round(clock="fast"), "clock must be a fljax.clock.Clock, got str"),
+    (lambda: tiny_round(clock="fast"), "clock must be a fljax.population.clock.Clock, got str"),
 ])
 def test_bad_clocks_are_one_line_errors(make, message):
     with pytest.raises(FljaxError, match=re.escape(message)) as error:

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from fljax import FljaxError
-from fljax.cli import main
+from fljax.runner.cli import main
 from fljax.data import loaders
 from fljax.data.tiny_imagenet import CACHE, load_tiny_imagenet
 

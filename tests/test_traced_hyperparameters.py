@@ -14,9 +14,9 @@ from fljax import algorithms
 from fljax.algorithms.fedbug import unfreeze_factor
 from fljax.algorithms.feddecay import decay_coefficient
 from fljax.algorithms.fednova import normalizer
-from fljax.config import ALGORITHMS, WRAPPERS
+from fljax.runner.config import ALGORITHMS, WRAPPERS
 from fljax.data.federated import federate
-from fljax.engine import init_state, make_round
+from fljax.core.engine import init_state, make_round
 from fljax.errors import FljaxError
 from fljax.models import MLP, from_module, make_model
 from fljax.models.heads import with_projection_head

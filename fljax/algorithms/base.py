@@ -235,7 +235,7 @@ document_fields(Algorithm, {
              "mixture weights; None: none",
     "perturb": "perturb(summed message, server state, key) -> the message server_update "
                "receives: the server's own randomness on the cohort's sum (DP's Gaussian "
-               "noise), from the round's server key (``fljax.cohort.server_key``); None: none",
+               "noise), from the round's server key (``fljax.population.cohort.server_key``); None: none",
     "aggregate": "aggregate(CohortMessages) -> (message, {name: scalar}): the cohort's messages "
                  "side by side (unweighted rows, their p_i and a mask), reduced by the "
                  "algorithm itself (a median, Krum, an attack's simulation) into the message "

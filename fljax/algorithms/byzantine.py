@@ -2,10 +2,10 @@
 
 ``byzantine(algorithm, attack, count=... | fraction=... | ids=[...], seed=0)`` marks Byzantine
 clients of the population: ``ids``, or the first ``count`` (``round(fraction * N)``) of a random
-permutation of the N clients drawn from ``seed`` (``fljax.attacks.byzantine_ids``). In each round
+permutation of the N clients drawn from ``seed`` (``fljax.robustness.attacks.byzantine_ids``). In each round
 the cohort's updates are stacked (``Algorithm.aggregate``), unweighted; the rows of the sampled
 Byzantine clients are replaced by the attack, computed from the round's honest rows where it is
-omniscient (``fljax.attacks``: each function's docstring gives its equation and paper), and the
+omniscient (``fljax.robustness.attacks``: each function's docstring gives its equation and paper), and the
 stack goes on to the algorithm's own aggregation (a ``robust`` rule) or, without one, to the
 weighted sum sum_i p_i u_i. ``label_flip`` poisons data instead: a Byzantine client trains on
 labels y -> C - 1 - y and sends its honest-looking update. Each round logs
@@ -26,7 +26,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from fljax import attacks
+from fljax.robustness import attacks
 from fljax.algorithms.base import Algorithm, ClientContext, CohortMessages
 from fljax.algorithms.compress import StaticFloat
 from fljax.algorithms.robust import as_matrix, unweighted_end, weighted_sum

@@ -8,7 +8,7 @@ hands the result to the algorithm's own server update in place of sum_i p_i u_i:
 
     v = RULE(PRE(u_1, ..., u_m))                     server_update(w, s, v, t)
 
-The rules (``fljax.aggregators``; each function's docstring gives its equation and paper):
+The rules (``fljax.robustness.aggregators``; each function's docstring gives its equation and paper):
 ``mean`` (sum_i p_i u_i: the plain round's message), ``median`` (coordinate-wise), ``trimmed_mean``
 (f cut from each side, per coordinate), ``krum`` and ``multi_krum`` (Blanchard et al. 2017: the
 score is the sum of squared distances to the n-f-2 nearest), ``bulyan`` (El Mhamdi et al. 2018),
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fljax import aggregators
+from fljax.robustness import aggregators
 from fljax.algorithms.base import (Algorithm, ClientContext, CohortMessages, Params,
                                    with_inner_server_state)
 from fljax.errors import FljaxError

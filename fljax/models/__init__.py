@@ -1,4 +1,5 @@
-"""Models: pure apply functions, penultimate features and ordered module groups."""
+"""Models: pure apply functions, penultimate features, ordered module groups, and their evaluation
+on data (``fljax.models.evaluate``: it may import ``fljax.data``)."""
 
 from fljax.models.layers import CONV_IMPLS, DEFAULT_CONV_IMPL, im2col_conv, max_pool
 from fljax.models.mixture import mixture

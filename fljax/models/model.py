@@ -32,7 +32,7 @@ class Model(NamedTuple):
     for a stateless model); ``update_state(params, x, rng=None, mask=None)`` returns the tree after
     one training forward pass on ``x`` (new statistics, same parameters). Local training never lets
     the optimizer move a state leaf and sets it from ``update_state`` instead
-    (``fljax.clients.local_training``), as torch's buffers are updated by the forward pass.
+    (``fljax.core.clients.local_training``), as torch's buffers are updated by the forward pass.
     """
 
     name: str

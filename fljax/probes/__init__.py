@@ -33,7 +33,7 @@ from fljax.probes.interaction import interaction_tensor, interaction_tensor_of
 from fljax.probes.switching import centralized_optimum, smoothness, switching_criterion
 
 # Probes the CLI builds by name (``--probes``); their keyword arguments come from --probe-args.
-# interaction_tensor, switching_criterion and cosine_to take experiment data; fljax.experiment
+# interaction_tensor, switching_criterion and cosine_to take experiment data; fljax.runner.experiment
 # supplies it.
 # fljax.registry lists their names (BUILTIN_PROBES); a user's probe is registered there.
 PROBES = {name: globals()[name] for name in BUILTIN_PROBES}

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fljax.evaluate import make_evaluator
+from fljax.models.evaluate import make_evaluator
 from fljax.probes.base import ClientView, EvalView, Probe, stacked
 
 

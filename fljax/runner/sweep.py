@@ -37,7 +37,7 @@ A sweep file::
                                                      may not sit at the grid's edge (the
                                                      tuning rule, below)
      "hyperband": {"min_rounds": 10,                 optional: stop a cell's weak grid points
-                   "reduction_factor": 3}}           early (fljax.hyperband: FedDecay's search;
+                   "reduction_factor": 3}}           early (fljax.runner.hyperband: FedDecay's search;
                                                      a scale may set its own)
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
@@ -87,11 +87,11 @@ from typing import Any, Callable, NamedTuple
 
 import scipy.stats
 
-from fljax.config import ExperimentConfig, current_names, one_local_work
-from fljax import hyperband
+from fljax.runner.config import ExperimentConfig, current_names, one_local_work
+from fljax.runner import hyperband
 from fljax.errors import FljaxError
-from fljax.grouping import group
-from fljax.train import Diverged, to_target
+from fljax.runner.grouping import group
+from fljax.runner.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
@@ -354,7 +354,7 @@ def run_grid(config: ExperimentConfig, seeds: list[int], grid: dict[str, list] |
     JSON fields) for every seed, the runs that share a program together (``run_many``): from a
     notebook, what ``fljax --seeds ... --set KEY=V1,V2`` does. Returns each run's evaluations by
     cell (``grid_table`` tabulates them); each run writes to ``OUT_DIR/POINT/seed_S``."""
-    from fljax.train import run_many
+    from fljax.runner.train import run_many
 
     cell_list = grid_cells(config, list(seeds), dict(grid or {}))
     return run_sweep(cell_list, lambda configs: run_many(
@@ -395,7 +395,7 @@ TARGET_COSTS = (("rounds", "rounds", 1.0), ("MB", "bytes", 1e-6), ("GFLOPs", "fl
 def run_sweep(cell_list: list[Cell],
               train: Callable[[list[ExperimentConfig]], list[list[dict[str, Any]] | Diverged]],
               max_runs: int = 1) -> dict[Cell, list]:
-    """Run every cell, the cells that can share a compiled program (``fljax.grouping``) in
+    """Run every cell, the cells that can share a compiled program (``fljax.runner.grouping``) in
     batches of at most ``max_runs``, with ``train(configs) -> each run's evaluations or its
     Diverged error``; their evaluations by cell. A run that diverges (NaN) is recorded as
     ``[{'round': R, 'diverged': True}]``: its grid point loses the selection, and the table
@@ -424,7 +424,7 @@ def hyperband_options(sweep: dict[str, Any], scale: str | None) -> dict[str, Any
 
 
 def stopped(evaluations: list[dict[str, Any]]) -> bool:
-    """Whether a run diverged or was stopped early (``fljax.hyperband``)."""
+    """Whether a run diverged or was stopped early (``fljax.runner.hyperband``)."""
     return bool(evaluations) and bool(evaluations[-1].get("diverged")
                                       or evaluations[-1].get("pruned"))
 

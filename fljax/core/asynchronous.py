@@ -6,7 +6,7 @@ FedBuff: Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregati
 
 M clients are in flight (``in_flight``); client j started from the server model of version
 tau_j (a copy it holds) at simulated time b_j, and finishes at b_j + d_j, its duration under the
-clock (``fljax.clock``: drawn from the run's key, its id, tau_j and its number of local steps).
+clock (``fljax.population.clock``: drawn from the run's key, its id, tau_j and its number of local steps).
 Server step t (the model's version t):
 
 1. the K = ``buffer`` earliest finishers are taken (ties: the lower slot); the clock moves to the
@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax.algorithms.base import Algorithm, Params
-from fljax.clock import Clock
-from fljax.cohort import cohort_weights, round_key, sample_cohort
+from fljax.population.clock import Clock
+from fljax.population.cohort import cohort_weights, round_key, sample_cohort
 from fljax.errors import FljaxError
 from fljax.hyperparams import check
 

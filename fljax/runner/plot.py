@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fljax.errors import FljaxError  # noqa: E402
-from fljax.logs import read_log  # noqa: E402
+from fljax.runner.logs import read_log  # noqa: E402
 
 DEFAULT_METRICS = ("accuracy", "train_loss")
 TITLES = {"accuracy": "Global model test accuracy", "train_loss": "Mean local training loss"}

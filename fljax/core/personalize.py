@@ -31,8 +31,8 @@ import optax
 
 from fljax.data.federated import FederatedData, take, with_parts
 from fljax.data.users import Users
-from fljax.clients import full_gradient, local_training, model_loss
-from fljax.evaluate import batch_scores
+from fljax.core.clients import full_gradient, local_training, model_loss
+from fljax.models.evaluate import batch_scores
 from fljax.models.model import Model, Params
 
 FINETUNE_STREAM = 0x7E5  # folded into a round's key: fine-tuning never reuses a training draw

@@ -7,7 +7,7 @@ examples of its N/D clients, client after client, padded to the largest block (E
 ``index`` and ``offset`` count from the start of the owner's block (``global_layout`` reads it as
 one population). ``offset`` and ``count`` (8 bytes per client) are replicated: the cohort is sampled from
 them on every device. So a device holds N/D clients' states and examples, and the round moves only
-the cohort (``fljax.engine``).
+the cohort (``fljax.core.engine``).
 
 Arrays are placed with ``jax.make_array_from_callback``: each process puts only the shards of
 its own devices, from host data every process can build.
@@ -26,7 +26,7 @@ from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 
 AXIS = "clients"
-RUNS = "runs"      # a batch of runs (``fljax.runs``) is spread over the devices on this axis
+RUNS = "runs"      # a batch of runs (``fljax.core.runs``) is spread over the devices on this axis
 
 
 def client_mesh(num_devices: int, axis: str = AXIS) -> Mesh:

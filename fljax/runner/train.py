@@ -25,16 +25,16 @@ from tqdm import tqdm
 
 from fljax import registry
 from fljax.accounting import client_bits
-from fljax.checkpoint import Checkpoints, check_same_experiment
-from fljax.config import ExperimentConfig
+from fljax.runner.checkpoint import Checkpoints, check_same_experiment
+from fljax.runner.config import ExperimentConfig
 from fljax.errors import FljaxError, writing
-from fljax.experiment import Batch, Experiment, batch_memory, batch_of, build
-from fljax.logs import RunLog, SilentLog, read_log
-from fljax.multihost import (agree_to_stop, barrier, check_devices, failed, finished,
+from fljax.runner.experiment import Batch, Experiment, batch_memory, batch_of, build
+from fljax.runner.logs import RunLog, SilentLog, read_log
+from fljax.runner.multihost import (agree_to_stop, barrier, check_devices, failed, finished,
                              is_primary, on_stopped, start as start_processes)
-from fljax.personalize import finetune_key
-from fljax.placement import to_host
-from fljax.runs import stack, take
+from fljax.core.personalize import finetune_key
+from fljax.core.placement import to_host
+from fljax.core.runs import stack, take
 
 
 class Diverged(FljaxError):
@@ -327,7 +327,7 @@ def run(config: ExperimentConfig, *, progress: bool = True, fresh: bool = False,
 
     With ``config.num_processes`` > 1, every process calls ``run`` with the same config (but its
     own ``process_id``): they train one model over all their devices, and process 0 writes the
-    log (``fljax.multihost``).
+    log (``fljax.runner.multihost``).
     """
     import_recorded(config.run_dir())
     config.validate()
@@ -430,7 +430,7 @@ def newest_checkpoint(directory: str) -> str:
 
 def run_batch(batch: Batch, *, progress: bool = True,
               fresh: bool = False) -> list[list[dict[str, Any]] | Diverged]:
-    """Train every run of ``batch`` (``fljax.experiment.build_batch``) to its own
+    """Train every run of ``batch`` (``fljax.runner.experiment.build_batch``) to its own
     ``config.rounds`` in ONE compiled program, each resuming from its own ``out_dir``.
 
     Each run writes what ``run`` writes (metrics.jsonl, config.json, checkpoints, TensorBoard),
@@ -526,7 +526,7 @@ def run_batch(batch: Batch, *, progress: bool = True,
 def run_many(configs: list[ExperimentConfig], *, progress: bool = True, fresh: bool = False,
              memory_limit: int | None = None,
              say: Callable[[str], None] = print) -> list[list[dict[str, Any]] | Diverged]:
-    """Train ``configs`` that share one program (``fljax.grouping.group``): one config alone
+    """Train ``configs`` that share one program (``fljax.runner.grouping.group``): one config alone
     (``run``), more in programs of as many runs as the memory estimate allows within
     ``memory_limit`` bytes (default ``default_memory_limit``), spread over this process's
     devices. Returns each run's evaluation records, or its Diverged error. RoundsHeld, before
@@ -592,7 +592,7 @@ def evaluate_models(experiment: Experiment, state) -> dict[str, float]:
         key = finetune_key(state.key, int(state.round))
         if experiment.algorithm.personal_model is None:
             scores.update(experiment.evaluate_users(next(iter(models.values())), key))
-        else:       # each user's own model (fljax.personalize)
+        else:       # each user's own model (fljax.core.personalize)
             scores.update(experiment.evaluate_users(state.params, key, state.server_state,
                                                     state.client_states))
     scores.update(experiment.round_fn.probe_scores(state, experiment.evaluate,

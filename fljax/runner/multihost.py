@@ -1,7 +1,7 @@
 """A run over several processes (hosts), each driving its own devices: ``jax.distributed``.
 
 Every process runs the same program on the same config; the device mesh spans all processes'
-devices (``fljax.placement``), each process puts only its own devices' shards, the round's
+devices (``fljax.core.placement``), each process puts only its own devices' shards, the round's
 collectives cross processes, orbax writes each shard of a checkpoint from the process that holds
 it, and only process 0 writes logs and the progress bar.
 

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import optax
 
 from fljax import registry
-from fljax.arguments import takes_float
-from fljax.config import ExperimentConfig, resolved_values
+from fljax.runner.arguments import takes_float
+from fljax.runner.config import ExperimentConfig, resolved_values
 
 TRACED_FIELDS = ("lr", "lr_decay", "momentum", "weight_decay", "clip_norm", "server_lr",
                  "switch_at", "switch_lr")

@@ -91,7 +91,7 @@ def bernoulli_cohort(key: jax.Array, num_clients: int, rate: float,
 
     Returns (ids, joined) over all N clients: those who joined first, ascending, then the others.
     Over D devices, each of the D equal shares of slots holds its device's own clients
-    ([d N/D, (d+1) N/D), where they live: ``fljax.placement``), ordered so."""
+    ([d N/D, (d+1) N/D), where they live: ``fljax.core.placement``), ordered so."""
     def draw(attempt):
         return jax.random.uniform(jax.random.fold_in(key, attempt), (num_clients,)) < rate
 

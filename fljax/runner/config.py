@@ -15,17 +15,17 @@ from typing import Any, Callable, NamedTuple
 import optax
 
 from fljax import registry
-from fljax.arguments import check_kwargs, settable
-from fljax.asynchronous import Asynchrony, check_asynchrony
-from fljax.clock import Clock, make_clock
+from fljax.runner.arguments import check_kwargs, settable
+from fljax.core.asynchronous import Asynchrony, check_asynchrony
+from fljax.population.clock import Clock, make_clock
 from fljax.data.augment import AUGMENTATIONS
-from fljax.engine import AGGREGATIONS, PARTICIPATIONS
+from fljax.core.engine import AGGREGATIONS, PARTICIPATIONS
 from fljax.data.users import held_out
 from fljax.errors import FljaxError
 from fljax.fielddocs import list_fields
 from fljax.models import CONV_IMPLS, MODEL_NAMES
 from fljax.privacy import ACCOUNTANTS, accountant, calibrate, default_delta, epsilon
-from fljax.stragglers import Deadline, check_deadline
+from fljax.population.stragglers import Deadline, check_deadline
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "natural")
 ALGORITHMS = registry.BUILTIN_ALGORITHMS   # fljax's own; a user's enter by fljax.registry
@@ -179,15 +179,15 @@ class ExperimentConfig:
                                     "(epsilon, delta) spent; default N^-1.1 for N training users")
     accountant: str = option("rdp", "privacy", f"with the dp wrapper: dp_accounting's accountant, "
                              f"{' or '.join(ACCOUNTANTS)} (pld: Bernoulli participation only)")
-    clock: str = option("{}", "time", "simulated client durations (fljax.clock), a JSON object: "
+    clock: str = option("{}", "time", "simulated client durations (fljax.population.clock), a JSON object: "
                         "'{\"sigma\": 1.0, \"jitter\": 0.2}' (log-normal step times) or "
                         "'{\"trace\": \"FILE\"}' (a JSON list of step times, one per client); "
                         "{}: no clock")
     deadline: str = option("{}", "time", "with --clock, a synchronous round's deadline "
-                           "(fljax.stragglers), a JSON object: seconds, stragglers (drop or "
+                           "(fljax.population.stragglers), a JSON object: seconds, stragglers (drop or "
                            "partial), dropout, over_selection")
     asynchrony: str = option("{}", "time", "with --clock, asynchronous training "
-                             "(fljax.asynchronous), a JSON object: rule (fedbuff or fedasync), "
+                             "(fljax.core.asynchronous), a JSON object: rule (fedbuff or fedasync), "
                              "in_flight, buffer, staleness (constant, polynomial, hinge), a, b, "
                              "alpha; a round is then one server step")
     new_users: float = option(0.0, "evaluation", "personalized evaluation: share of the clients "
@@ -561,7 +561,7 @@ PROBE_WORDS = {("switching_criterion", "optimum"): "centralized",
 
 def parse_options(config: ExperimentConfig) -> Options:
     """Parse the JSON-valued fields of ``config`` and check each against its factory's
-    signature (``fljax.arguments``); FljaxError names the first bad one."""
+    signature (``fljax.runner.arguments``); FljaxError names the first bad one."""
     def arguments(name: str, factory: Callable, args: dict, what: str, source: str):
         parameters = settable(name, factory)
         shared_flags(f"{what} {name!r}", parameters, args, source)

@@ -9,23 +9,23 @@ import jax
 import numpy as np
 
 from fljax import algorithms, probes, registry
-from fljax.config import FULL_BATCH, ExperimentConfig
+from fljax.runner.config import FULL_BATCH, ExperimentConfig
 from fljax.data import loaders, noise, partition
 from fljax.data.dataset import Dataset
 from fljax.data.augment import named_augmentation
 from fljax.data.federated import FederatedData, federate, with_parts
 from fljax.data.users import split_users
-from fljax.checkpoint import saved_params
-from fljax.engine import RoundFunction, RoundState, make_round
+from fljax.runner.checkpoint import saved_params
+from fljax.core.engine import RoundFunction, RoundState, make_round
 from fljax.errors import FljaxError
-from fljax.evaluate import make_evaluator
-from fljax import grouping
+from fljax.models.evaluate import make_evaluator
+from fljax.runner import grouping
 from fljax.models import Model, make_model
 from fljax.models.unfreeze import unfreeze_units
 from fljax.models.heads import with_projection_head
 from fljax.models.mixture import mixture
 from fljax.models.text import load_bert_checkpoint
-from fljax.personalize import make_user_evaluator
+from fljax.core.personalize import make_user_evaluator
 from fljax.probes import Probe
 
 
@@ -38,7 +38,7 @@ class Experiment(NamedTuple):
     round_fn: RoundFunction
     evaluate: Callable
     initial_state: Callable[[], RoundState]
-    evaluate_users: Callable | None = None   # personalized evaluation (fljax.personalize)
+    evaluate_users: Callable | None = None   # personalized evaluation (fljax.core.personalize)
     evaluate_validation: Callable | None = None   # the held-out validation split (tuning)
     initial_params: Callable[[], Any] | None = None   # the run's initial model
 
@@ -89,7 +89,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
                    values: Mapping[str, Any] | None = None) -> algorithms.Algorithm:
     """Call the factory ``name`` (``fljax.registry``) with the config's local optimizer and
     ``kwargs`` (checked when the config was validated). ``values``: config keys whose value replaces the config's (traced
-    hyperparameters, ``fljax.grouping``): 'lr', 'server_lr', ... and for ``kwargs`` the key
+    hyperparameters, ``fljax.runner.grouping``): 'lr', 'server_lr', ... and for ``kwargs`` the key
     ``KWARGS_FIELD.NAME`` (e.g. 'algorithm_args.mu') as ``field`` names it.
 
     What a factory takes beyond its hyperparameters is filled in from the experiment: ``model``
@@ -118,7 +118,7 @@ def make_algorithm(name: str, kwargs: dict, config: ExperimentConfig, model: Mod
 
 
 def with_values(config: ExperimentConfig, values: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The config's values by key (``fljax.grouping.values``: fields and dotted keys of the
+    """The config's values by key (``fljax.runner.grouping.values``: fields and dotted keys of the
     JSON-valued fields' arguments), ``values`` in place of their own."""
     return {**grouping.values(config), **(values or {})}
 
@@ -403,7 +403,7 @@ class Batch(NamedTuple):
 
 def build_batch(configs: list[ExperimentConfig], num_devices: int = 1,
                 run_chunk: int | None = None) -> Batch:
-    """The experiments of ``configs`` (of one program: ``fljax.grouping.structure``) and ONE
+    """The experiments of ``configs`` (of one program: ``fljax.runner.grouping.structure``) and ONE
     batched round that trains them side by side (``batch_of``)."""
     shared: dict = {}
     return batch_of([build(config, shared=shared) for config in configs], num_devices, run_chunk)
@@ -413,7 +413,7 @@ def batch_of(experiments: list[Experiment], num_devices: int = 1,
              run_chunk: int | None = None) -> Batch:
     """ONE batched round that trains ``experiments`` (of one program) side by side, spread over
     ``num_devices`` devices: the values that differ between their configs
-    (``fljax.grouping.traced_keys``) are each run's traced hyperparameters, and each run trains
+    (``fljax.runner.grouping.traced_keys``) are each run's traced hyperparameters, and each run trains
     on its own split. Build the experiments with one ``shared`` dict (``build``) so that the
     examples are on the device once."""
     first = experiments[0]

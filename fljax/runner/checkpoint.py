@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from fljax.config import RESUMABLE_CHANGES, current_names, resolved_values
+from fljax.runner.config import RESUMABLE_CHANGES, current_names, resolved_values
 from fljax.errors import NEW_RUN, RESUME, SPACE, FljaxError, os_reason
 
 

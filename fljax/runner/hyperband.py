@@ -51,9 +51,9 @@ def rungs(min_rounds: int, reduction_factor: int, rounds: int, eval_every: int) 
 
 def run_pruned(cell_list: list, run: Callable[[list], dict], options: dict[str, Any],
                selection: str = "val_accuracy") -> dict:
-    """The evaluations of every cell (``fljax.sweep.Cell``), each (row, column)'s grid points
+    """The evaluations of every cell (``fljax.runner.sweep.Cell``), each (row, column)'s grid points
     searched with Hyperband (module doc). ``run(cells) -> {cell: evaluations}`` trains cells to
-    their config's rounds (resuming from checkpoints), as ``fljax.sweep.run_sweep``. A stopped
+    their config's rounds (resuming from checkpoints), as ``fljax.runner.sweep.run_sweep``. A stopped
     point's runs end with a record ``{'round': R, 'pruned': True}``."""
     import optuna
 
@@ -105,8 +105,8 @@ def _stored_or_run(cells: list, run: Callable[[list], dict]) -> dict:
     """``run(cells)``, except for the cells whose run directory already holds more rounds than
     they ask (a sweep run again, past this rung): their logged evaluations up to their rounds,
     read without touching the directory."""
-    from fljax.logs import read_log
-    from fljax.train import rounds_held
+    from fljax.runner.logs import read_log
+    from fljax.runner.train import rounds_held
 
     ahead = [c for c in cells if rounds_held(c.config) > c.config.rounds]
     results = {c: [r for r in read_log(os.path.join(c.config.run_dir(), "metrics.jsonl"))

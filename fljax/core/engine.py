@@ -1,12 +1,12 @@
 """One communication round as ONE compiled XLA program.
 
 ``round_fn = make_round(algorithm, model, data, ...)``; ``state, metrics = round_fn(state)``.
-Inside the program: the cohort is sampled (``fljax.cohort``), each sampled client's state is
-gathered, every client runs its local steps as a ``lax.scan`` (``fljax.clients``), clients run side
+Inside the program: the cohort is sampled (``fljax.population.cohort``), each sampled client's state is
+gathered, every client runs its local steps as a ``lax.scan`` (``fljax.core.clients``), clients run side
 by side (``vmap``), one after another (``lax.scan`` over clients) or in chunks of ``client_chunk``,
 and over several devices (of one or more processes) the population is sharded and the cohort
 dealt across a device mesh (``shard_map``: the sampled clients' rows and examples travel to their
-slots and back, messages are ``psum``-ed; ``fljax.placement``). Then the server update, the
+slots and back, messages are ``psum``-ed; ``fljax.core.placement``). Then the server update, the
 scatter of client states, and the probes
 (``fljax.probes``), if any. The state is donated; randomness is ``fold_in(key, round)``, so a
 resumed run repeats an uninterrupted one exactly.
@@ -24,23 +24,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fljax.accounting import hlo_flops
 from fljax.algorithms.base import Algorithm, CohortMessages, Params
-from fljax.asynchronous import Asynchrony, async_round, check_algorithm, check_asynchrony
-from fljax.asynchronous import initial_flight
-from fljax.clients import (LocalWork, client_context, client_steps, full_gradient, joined_only,
+from fljax.core.asynchronous import Asynchrony, async_round, check_algorithm, check_asynchrony
+from fljax.core.asynchronous import initial_flight
+from fljax.core.clients import (LocalWork, client_context, client_steps, full_gradient, joined_only,
                            local_training, map_sum, model_loss)
-from fljax.clock import Clock
-from fljax.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client_keys,
+from fljax.population.clock import Clock
+from fljax.population.cohort import (AGGREGATIONS, PARTICIPATIONS, bernoulli_cohort, client_keys,
                           cohort_weights, draw_cohort, message_keys, round_key, sample_cohort,
                           server_key, stream_keys)
 from fljax.data.federated import FederatedData
 from fljax.errors import FljaxError
 from fljax.fielddocs import document_fields
-from fljax.stragglers import Deadline, check_deadline, sampled, settle
+from fljax.population.stragglers import Deadline, check_deadline, sampled, settle
 from fljax.models.model import Model
-from fljax.placement import (AXIS, RUNS, check_shardable, client_mesh, data_specs,
+from fljax.core.placement import (AXIS, RUNS, check_shardable, client_mesh, data_specs,
                              device_index, global_layout, put, shard_data, state_specs)
 from fljax.probes.base import ClientView, EvalView, Population, Probe, RoundView
-from fljax.runs import data_of, hparams_of, run_hparams, stack, stack_data
+from fljax.core.runs import data_of, hparams_of, run_hparams, stack, stack_data
 
 # The per-client output an Algorithm.aggregate collects (beside the metrics, gathered like them),
 # and the fold_in data of its key, beside the server's SERVER_STREAM.
@@ -76,7 +76,7 @@ document_fields(RoundState, {
     "hparams": "{name: scalar}: the traced hyperparameters the round builds its algorithm from "
                "({} for an algorithm of Python numbers)",
     "clock": "simulated time: () without a clock; the time so far (shape=()); asynchronous: the "
-             "clients in flight (``fljax.asynchronous.Flight``)",
+             "clients in flight (``fljax.core.asynchronous.Flight``)",
 })
 
 
@@ -227,7 +227,7 @@ class RoundFunction:
 
     def place(self, state: RoundState) -> RoundState:
         """Put a state where the round expects it: over a mesh, per-client states sharded on the
-        client axis and the rest replicated (``fljax.placement``); a batch's runs spread over
+        client axis and the rest replicated (``fljax.core.placement``); a batch's runs spread over
         the devices."""
         if self.mesh is None:
             return state
@@ -286,7 +286,7 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     round builds the algorithm from them while it is traced, so one compiled program serves
     every value (e.g. ``lambda h: fljax.fedprox(fljax.local_sgd(h["lr"]), mu=h["mu"])``).
 
-    ``runs=R`` trains R independent runs in one program (``fljax.runs``): the state has a
+    ``runs=R`` trains R independent runs in one program (``fljax.core.runs``): the state has a
     leading run axis (``round_fn.init_state(params, seeds, hparams)``), each run has its own
     seed and hyperparameter values, ``data`` is one FederatedData for every run or a list of R
     (each run's own split; the runs must have the same number of clients), and the metrics
@@ -303,7 +303,7 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     is the full local dataset (FedSGD). ``client_chunk`` clients run side by side (vmap) at a time:
     1 is a sequential scan over clients (fastest on CPU), ``clients_per_round / num_devices`` is a
     full vmap (GPU); default: 1 on CPU, all on GPU. ``num_devices`` > 1 shards the population
-    (client data and per-client states, ``fljax.placement``) and each cohort over that many
+    (client data and per-client states, ``fljax.core.placement``) and each cohort over that many
     devices, of every process. ``augment(key, x) -> x`` transforms each training batch.
 
     ``participation='uniform'`` samples ``clients_per_round`` distinct clients; 'bernoulli' lets
@@ -315,17 +315,17 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     ``unroll``: local steps per iteration of the ``lax.scan`` over a client's steps (the same
     results; fewer, longer loop iterations). ``compute_dtype`` (e.g. ``jnp.bfloat16``): the
     model's forward and backward passes in that dtype, with parameters, gradients and optimizer
-    state in the parameters' own dtype (``fljax.clients.model_loss``); None: the parameters'.
+    state in the parameters' own dtype (``fljax.core.clients.model_loss``); None: the parameters'.
 
     ``probes`` (``fljax.probes``) are measurements computed inside the round and returned in its
     metrics; their state lives in ``state.probes`` (build it with ``round_fn.init_state``). With
     no probe the round is the same program as without them.
 
-    ``clock`` (``fljax.clock``) gives every client's local work a simulated duration; the state
+    ``clock`` (``fljax.population.clock``) gives every client's local work a simulated duration; the state
     keeps the simulated time and each round reports ``sim_time``, ``round_time``, ``sampled``
     (the clients sent the model) and ``reported``. With it,
-    ``deadline`` (``fljax.stragglers``) sets what a synchronous round does with stragglers,
-    dropout and over-selection, and ``asynchrony`` (``fljax.asynchronous``) makes a "round" one
+    ``deadline`` (``fljax.population.stragglers``) sets what a synchronous round does with stragglers,
+    dropout and over-selection, and ``asynchrony`` (``fljax.core.asynchronous``) makes a "round" one
     server step of FedBuff or FedAsync, clients in flight in the state. Build the state with
     ``round_fn.init_state``.
 
@@ -457,7 +457,7 @@ def _check_timing(clock: Clock | None, deadline: Deadline | None,
     """Raise FljaxError on a deadline or asynchrony without a clock, or one they cannot
     compose with."""
     if clock is not None and not isinstance(clock, Clock):
-        raise FljaxError(f"clock must be a fljax.clock.Clock, got {type(clock).__name__}")
+        raise FljaxError(f"clock must be a fljax.population.clock.Clock, got {type(clock).__name__}")
     if clock is not None and clock.step_times is not None and len(clock.step_times) != (
             num_clients):
         raise FljaxError(f"the clock's trace lists {len(clock.step_times)} clients' step times; "
@@ -597,7 +597,7 @@ def _cohort_on_devices(run_clients, mesh: Mesh | None, work: LocalWork, bernoull
     rows, summed outputs, per-slot metrics)``: ``run_clients`` on the cohort, over the mesh if
     any; ``caps``: each slot's local steps when a deadline cuts them short.
 
-    Client i's rows and examples live on device i // (N/D) (``fljax.placement``). A uniform
+    Client i's rows and examples live on device i // (N/D) (``fljax.core.placement``). A uniform
     cohort is dealt out in D equal shares of slots: each sampled client's rows and examples are
     sent to the device of its slot (a masked gather on the owner, ``psum``-ed), and its new rows
     back to the owner (``all_gather``, then a scatter where owned). A Bernoulli round has a slot

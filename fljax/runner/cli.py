@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _run_parser() -> argparse.ArgumentParser:
     """The flags of a run: one per ExperimentConfig field, grouped, each with its default."""
-    from fljax.config import ALGORITHMS, GROUPS, ExperimentConfig
+    from fljax.runner.config import ALGORITHMS, GROUPS, ExperimentConfig
 
     parser = _Parser(
         prog="fljax", description="Run one federated experiment; the same command again resumes "
@@ -106,8 +106,8 @@ def _shown(value) -> str:
 
 
 def config_from_args(argv: list[str]) -> tuple[ExperimentConfig, argparse.Namespace]:
-    from fljax.config import ExperimentConfig, load_config
-    from fljax.train import import_recorded
+    from fljax.runner.config import ExperimentConfig, load_config
+    from fljax.runner.train import import_recorded
 
     args = _run_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
@@ -198,7 +198,7 @@ def _algorithms(argv: list[str]) -> int:
     import textwrap
 
     from fljax import registry
-    from fljax.arguments import settable
+    from fljax.runner.arguments import settable
 
     parser = _Parser(prog="fljax algorithms", description="List the algorithms and wrappers with "
                      "their hyperparameters, or show one's update rule and hyperparameters.")
@@ -258,7 +258,7 @@ def _algorithms(argv: list[str]) -> int:
 
 
 def _plot(argv: list[str]) -> int:
-    from fljax.plot import plot_runs
+    from fljax.runner.plot import plot_runs
 
     parser = _Parser(prog="fljax plot", description="Plot test accuracy and train loss per round "
                      "of one or more run directories.")
@@ -286,8 +286,9 @@ def _run_cells(cell_list, args, spec=None, where=None):
     each cell's grid points searched with early stopping); their results by cell. ``where``: a
     line saying where the runs write, printed once no run directory holds more rounds than
     asked."""
-    from fljax import hyperband, sweep
-    from fljax.train import check_rounds, run_many
+    from fljax.runner import hyperband
+    from fljax.runner import sweep
+    from fljax.runner.train import check_rounds, run_many
 
     if args.max_runs is not None and args.max_runs < 1:
         raise FljaxError(f"--max-runs must be >= 1, got {args.max_runs}")
@@ -312,11 +313,11 @@ def _run_cells(cell_list, args, spec=None, where=None):
 def _sweep(argv: list[str]) -> int:
     import jax
 
-    from fljax import sweep
-    from fljax.train import RunInterrupted, import_recorded, write_file
+    from fljax.runner import sweep
+    from fljax.runner.train import RunInterrupted, import_recorded, write_file
 
     parser = _Parser(prog="fljax sweep", description="Run every cell of a sweep file (rows x "
-                     "columns x seeds; see fljax/sweep.py) and write its table of final test "
+                     "columns x seeds; see fljax/runner/sweep.py) and write its table of final test "
                      "accuracies. The cells that differ only in traced hyperparameters and "
                      "their data train together in one compiled program.")
     parser.add_argument("file")
@@ -373,8 +374,8 @@ def _sweep(argv: list[str]) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from fljax.multihost import is_primary
-    from fljax.train import RunInterrupted, newest_round, results_table, run
+    from fljax.runner.multihost import is_primary
+    from fljax.runner.train import RunInterrupted, newest_round, results_table, run
 
     config, args = config_from_args(argv)
     if args.seeds is not None or args.set:
@@ -413,8 +414,8 @@ def aggregation_said(config) -> str:
 def _grid(config, args) -> int:
     """``fljax --seeds 0-9 --set lr=0.05,0.1``: the run at every grid point for every seed, those
     sharing a program trained together, and a table of each point's mean +- std."""
-    from fljax import sweep
-    from fljax.train import RunInterrupted, write_file
+    from fljax.runner import sweep
+    from fljax.runner.train import RunInterrupted, write_file
 
     seeds = sweep.parse_seeds(args.seeds) if args.seeds is not None else [config.seed]
     cell_list = sweep.grid_cells(config, seeds, sweep.parse_grid(args.set))

@@ -1,6 +1,6 @@
 """Synchronous rounds under a clock: a deadline, stragglers, dropout and over-selection.
 
-Given the round's cohort and each sampled client's duration d_i (``fljax.clock``):
+Given the round's cohort and each sampled client's duration d_i (``fljax.population.clock``):
 
 - ``dropout`` q: each sampled client vanishes with probability q (drawn from the run's key, the
   round and its id) and never reports;
@@ -29,8 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fljax.clock import CLOCK_STREAM, Clock
-from fljax.cohort import Cohort, cohort_weights
+from fljax.population.clock import CLOCK_STREAM, Clock
+from fljax.population.cohort import Cohort, cohort_weights
 from fljax.errors import FljaxError
 from fljax.hyperparams import POSITIVE, check
 
