@@ -50,8 +50,8 @@ n_k and the mean of n_j over all N clients (``ctx.num_examples``, ``ctx.mean_exa
 adaptive alpha needs nothing more from the caller.
 
 ``client_vectors`` exposes each client's local drift grad L_k(theta_k) = -alpha_k h_k (the
-official code's sign convention, FedDyn as initialization (Anonymous, 2024) Figures 10b, 11, 13b), for probes
-such as ``fljax.probes.state_diversity``.
+official code's sign convention, FedDyn as initialization (Anonymous, 2024) Figures 10b, 11, 13b),
+for probes such as ``fljax.probes.state_diversity``.
 """
 
 from __future__ import annotations

@@ -24,10 +24,11 @@ Unsampled clients keep c_i. The paper's Delta x is an unweighted mean_S, as in t
 FL-Simulator code: run the engine with aggregation='uniform' for it.
 
 ``option="GA"``: SCAFFOLD as the FedGA authors' code runs it (``epfml/GradientAlignment``
-``interface.py:Scaffold``), the baseline of FedGA / GradAlign (Dandi, Barba and Jaggi, AAAI 2022) Table 1 and Figure 2. No control
-variate is kept across rounds: each round takes two exchanges (``exchanges`` = 2), as FedGA's does.
-In the first the sampled clients send their full local gradients at the broadcast model, and the
-server returns their example-weighted mean over the cohort (``compute_full_gradient``):
+``interface.py:Scaffold``), the baseline of FedGA / GradAlign (Dandi, Barba and Jaggi, AAAI 2022)
+Table 1 and Figure 2. No control variate is kept across rounds: each round takes two exchanges
+(``exchanges`` = 2), as FedGA's does. In the first the sampled clients send their full local
+gradients at the broadcast model, and the server returns their example-weighted mean over the cohort
+(``compute_full_gradient``):
 
     c_i = g_i(x),        c = gbar(x) = sum_{i in S} n_i g_i(x) / sum_{i in S} n_i,
 
