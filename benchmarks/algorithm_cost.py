@@ -11,10 +11,9 @@ a ratio to FedAvg, with the FLOPs of the compiled round (``RoundFunction.flops``
 their trip counts: matmuls and convolutions, then with elementwise work too, where FedDyn's and
 SCAFFOLD's vector terms show), the bytes a round sends (``Algorithm.payload`` x the model's bytes
 x the cohort) and the bits its clients send (a compressed uplink's exact encoding,
-``fljax.algorithms.compress``), each as a ratio to FedAvg's (feddecay.txt Figure 1's two costs),
-and the state the
-method keeps, in model copies: per client (SCAFFOLD's c_i, FedDyn's grad L_k, Ditto's personal
-model; FedInit Table 8's storage column) and on the server.
+``fljax.algorithms.compress``), each as a ratio to FedAvg's (FedDecay (Anonymous, 2023) Figure 1's
+two costs), and the state the method keeps, in model copies: per client (SCAFFOLD's c_i, FedDyn's
+grad L_k, Ditto's personal model; FedInit Table 8's storage column) and on the server.
 """
 
 from __future__ import annotations

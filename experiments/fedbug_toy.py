@@ -1,4 +1,5 @@
-"""FedBug's theory toy (fedbug.txt section 4 and appendix B.6): FedAvg vs FedBug on two clients.
+"""FedBug's theory toy (FedBug (Kao and Wang, 2023) section 4 and appendix B.6): FedAvg vs FedBug on
+two clients.
 
 Model f(x) = x [a, b]^T v; client 1 has x1 = [1, 0], y1 = 1 and client 2 has x2 = [0, 1], y2 = 1,
 so their losses are L1 = (a v - 1)^2 and L2 = (b v - 1)^2 (the paper's stated squared error; its

@@ -282,7 +282,7 @@ def test_names():
 
 
 # ------------------------------------------------------------------------------------------------
-# the theory toy (fedbug.txt section 4, appendix B.6)
+# the theory toy (FedBug (Kao and Wang, 2023) section 4, appendix B.6)
 
 def load_toy():
     path = pathlib.Path(__file__).parents[1] / "experiments" / "fedbug_toy.py"

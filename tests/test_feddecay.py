@@ -1,6 +1,6 @@
 """FedDecay, FOMAML and Reptile equal float64 references written from their equations.
 
-FedDecay (feddecay.txt eq. 4, appendix B.3): local step k of client i uses the learning rate
+FedDecay (Anonymous, 2023; eq. 4, appendix B.3): local step k of client i uses the learning rate
 eta decay^t beta_j, j = k (per step) or floor(k / ceil(n_i / B)) (per epoch), beta_j = beta^j or
 max(1 - j (1 - beta), 0) (the paper's linear) or max(0, 1 - beta j) (the official code's linear),
 restarting every round; or (``shrink``, the official code's epoch mode) each period at the full

@@ -1,5 +1,5 @@
-"""Implicit gradient alignment (fedga-gradalign.txt): FedGA's and SCAFFOLD's (Theorems 4 and 5),
-SGD's (Theorem 1) and GradAlign's (Theorems 2 and 3).
+"""Implicit gradient alignment (FedGA / GradAlign (Dandi, Barba and Jaggi, AAAI 2022)): FedGA's and
+SCAFFOLD's (Theorems 4 and 5), SGD's (Theorem 1) and GradAlign's (Theorems 2 and 3).
 
 One round from x, n clients, all sampled, each client i taking K local steps of size alpha on its
 objective f_i; f = (1/n) sum_i f_i, g_i = grad f_i(x), H_i = Hess f_i(x), g = grad f(x),

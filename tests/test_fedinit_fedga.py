@@ -1,12 +1,12 @@
 """FedInit (+RI), FedGA and large-batch SGD equal float64 references written from their equations.
 
-FedInit (fedinit.txt Algorithm 1; FL-Simulator's RI): w_i,0 = w + beta (w - w_i,K^{prev}) with
-w_i,K^{prev} = w^0 for clients never sampled; aggregated relative to the relaxed start
-(w += sum_S p_i (w_i,K - w_i,0)) or as the average of the final models (w = sum_S p_i w_i,K). +RI on
-SCAFFOLD as FL-Simulator codes it: c_i updated with (w_i,0 - w_i,K), the model with w_i,K - w_i,0.
-FedGA (fedga-gradalign.txt Algorithm 2, official code): gbar = sum_S n_i g_i(x) / sum_S n_i,
-x_i,0 = x - beta (gbar - g_i(x)), K local steps, FedAvg. Partial participation (3 of 6 uneven
-clients), 3 rounds, randomness from fljax's own sampling (tests/reference.py).
+FedInit (Sun, Shen and Tao, NeurIPS 2023; Algorithm 1; FL-Simulator's RI): w_i,0 = w + beta (w -
+w_i,K^{prev}) with w_i,K^{prev} = w^0 for clients never sampled; aggregated relative to the relaxed
+start (w += sum_S p_i (w_i,K - w_i,0)) or as the average of the final models (w = sum_S p_i w_i,K).
++RI on SCAFFOLD as FL-Simulator codes it: c_i updated with (w_i,0 - w_i,K), the model with w_i,K -
+w_i,0. FedGA (Dandi, Barba and Jaggi, AAAI 2022; Algorithm 2, official code): gbar = sum_S n_i
+g_i(x) / sum_S n_i, x_i,0 = x - beta (gbar - g_i(x)), K local steps, FedAvg. Partial participation
+(3 of 6 uneven clients), 3 rounds, randomness from fljax's own sampling (tests/reference.py).
 """
 
 import jax

@@ -14,7 +14,7 @@ of values its runs take over its grid and seeds: one value, or the sorted list i
 (the same merge of base, scale, row and column a run gets) and checks that
 
 - each line's value is the value of every cell it covers (so a merge rule or a config default can
-  never silently change a cell: the seed audit's N1-N4 were of this kind);
+  never silently change a cell: earlier reviews of the settings found four such cases);
 - every cell has a line for each setting a paper states: data, split and its parameter, clients,
   participation, local work, batch, lr and its decay, weight decay, rounds, model, algorithm, and
   every algorithm, wrapper and switch argument it sets;

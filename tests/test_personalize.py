@@ -1,5 +1,6 @@
-"""Personalized evaluation (feddecay.txt section 4): user splits, and fine-tune-then-score equal to a
-float64 reference (each user's SGD steps in numpy, on the batches fljax draws), in runs and CLI."""
+"""Personalized evaluation (FedDecay (Anonymous, 2023) section 4): user splits, and
+fine-tune-then-score equal to a float64 reference (each user's SGD steps in numpy, on the batches
+fljax draws), in runs and CLI."""
 
 import jax
 import numpy as np

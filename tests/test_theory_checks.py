@@ -1,10 +1,10 @@
 """Theory statements of FedBug and FedDecay checked against their formulas, in float64.
 
-FedBug, Figure 2a (fedbug.txt section 4, appendix B.5-B.6; ``experiments/fedbug_toy.py``). Two
-clients, f(x) = x [a, b]^T v, L1 = (a v - 1)^2, L2 = (b v - 1)^2; each round both clients run K
-local SGD steps from the server's (a, b, v) and the server averages. With d^i = |a^i - b^i| and
-r^i = d^{i+1} / d^i (Definitions 1-2), Theorem 1 (FedAvg) and Theorem 2 (FedBug: v frozen for the
-first f local steps; eq. 7) give
+FedBug, Figure 2a (FedBug (Kao and Wang, 2023) section 4, appendix B.5-B.6;
+``experiments/fedbug_toy.py``). Two clients, f(x) = x [a, b]^T v, L1 = (a v - 1)^2, L2 = (b v -
+1)^2; each round both clients run K local SGD steps from the server's (a, b, v) and the server
+averages. With d^i = |a^i - b^i| and r^i = d^{i+1} / d^i (Definitions 1-2), Theorem 1 (FedAvg) and
+Theorem 2 (FedBug: v frozen for the first f local steps; eq. 7) give
 
     r = (1 + m cos^2(theta) (1 + alpha)) / 2,      m = (1 - 2 lr v^2)^f   (FedAvg: f = 0, m = 1)
 
@@ -22,9 +22,9 @@ max(d^i, |a^i v^i - 1|, |b^i v^i - 1|)), and the median error falls ~80x per dec
 shrink. Wrong formulas miss by >= 2e-2 on the same rounds: sin^2 (the angle to the a axis), cos
 unsquared, cos^2 alone (no averaging with the unmoved half), m = 1 or m = 1 - lr v^2 for FedBug.
 
-FedDecay, Table 1 (feddecay.txt section 3.3, Appendix A). Local step k of client i is theta_i^k =
-theta_i^{k-1} - eta beta_{k-1} g_i^{k-1}; with g~_i = grad F_i(theta_g), H~_i = Hess F_i(theta_g),
-the method gradient g_method = (theta_g - theta_i^K) / eta expands (Appendix A) as
+FedDecay, Table 1 (FedDecay (Anonymous, 2023) section 3.3, Appendix A). Local step k of client i is
+theta_i^k = theta_i^{k-1} - eta beta_{k-1} g_i^{k-1}; with g~_i = grad F_i(theta_g), H~_i = Hess
+F_i(theta_g), the method gradient g_method = (theta_g - theta_i^K) / eta expands (Appendix A) as
 
     E[g_method] = A * AvgGrad - eta * B * AvgGradInner + O(eta^2),
     AvgGrad = E_i[g~_i],  AvgGradInner = E_i[H~_i g~_i]       (full-batch: F_i^j = F_i for all j)

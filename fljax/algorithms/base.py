@@ -294,8 +294,9 @@ class LocalSGD(NamedTuple):
         lr_t = learning_rate * round_decay**t * d / (t + d)         (inverse_decay_offset=d > 0)
 
     The second, with round_decay = 1, is the round schedule of FedDecay's Theorems 1-2
-    (feddecay.txt): alpha_t = c / (t + d) with c = learning_rate * d (lr_0 = learning_rate), so
-    that under ``feddecay``'s within-round decay local step k of round t takes c / (t + d) * beta_k.
+    (FedDecay (Anonymous, 2023)): alpha_t = c / (t + d) with c = learning_rate * d (lr_0 =
+    learning_rate), so that under ``feddecay``'s within-round decay local step k of round t takes
+    c / (t + d) * beta_k.
 
     Every number may be a scalar array, traced too (``fljax.hyperparams``); ``clip_norm=None`` (no
     clip) and ``inverse_decay_offset=None`` (no inverse-time decay) are structural. A concrete

@@ -16,8 +16,9 @@ round t it receives w^t and
 
 The personal model is what the personalized evaluation scores for client k; a user that never
 trained (a new user) holds v = w^0, as in FederatedScope, which is why Ditto's new-user accuracy
-is low in feddecay.txt Table 3. lambda = 0 trains the personal model alone; the global model is
-FedAvg's exactly. Memory: one model per client (N x params), kept on the device with the state.
+is low in FedDecay (Anonymous, 2023) Table 3. lambda = 0 trains the personal model alone; the global
+model is FedAvg's exactly. Memory: one model per client (N x params), kept on the device with the
+state.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """FedBug: bottom-up gradual unfreezing of the local model, over any federated algorithm.
 
-Kao & Wang, "FedBug: A Bottom-Up Gradual Unfreezing Framework for Federated Learning" (fedbug.txt),
-official code ``IandRover/FedBug`` (``utils_gu.py:StopGradScheduler``, run before every local step).
+Kao & Wang, "FedBug: A Bottom-Up Gradual Unfreezing Framework for Federated Learning",
+arXiv:2307.10317, 2023; official code ``IandRover/FedBug`` (``utils_gu.py:StopGradScheduler``, run
+before every local step).
 
 Paper (Algorithms 1 and 3). The model has M modules theta^1..theta^M, input to output; a client
 takes K local steps, the first P*K of them the gradual-unfreezing (GU) stage. At local step
@@ -24,10 +25,10 @@ because in float32 P*K can fall below an integer that float64 reaches (0.53 * 10
 53.0). A traced P (one program for many fractions) computes f in P's dtype instead: exactly the
 table's value in float64; in float32 it can differ from it by one (``unfreeze_factor``).
 
-Ablations (fedbug.txt appendix, "Comparative Analysis of Freezing Strategies"; ``utils_gu.py`` GU
-codes 200, 301, 302): ``order="top_down"`` mirrors the schedule (the output unit always trains,
-the input unit is the last to thaw); ``frozen_last=n`` keeps the last n units frozen for the whole
-round (n = 1 is FedBABU's fixed head), with ``fraction=0``.
+Ablations (FedBug (Kao and Wang, 2023) appendix, "Comparative Analysis of Freezing Strategies";
+``utils_gu.py`` GU codes 200, 301, 302): ``order="top_down"`` mirrors the schedule (the output unit
+always trains, the input unit is the last to thaw); ``frozen_last=n`` keeps the last n units frozen
+for the whole round (n = 1 is FedBABU's fixed head), with ``fraction=0``.
 
 Freezing, as torch does it. A frozen parameter has no ``.grad``, so torch SGD skips it entirely:
 no weight decay, no momentum, no FedDyn/SCAFFOLD linear term, and ``clip_grad_norm_`` leaves it out

@@ -22,7 +22,7 @@ of the round that produced the update (FL-Simulator's lr_prev = lr_current / lr_
 round). Round 0 trains with Delta_g = 0, i.e. with the loss gradient scaled by alpha, as
 FL-Simulator does. Default alpha = 0.1 (FL-Simulator's ``--alpha``); alpha = 1 is FedAvg exactly.
 Not copied: FL-Simulator's K = E * n_0 / B computed as a float from client 0's data size for every
-client (algorithms.md pitfall 5), and FedBug's fedcm, which is not implemented.
+client (a pitfall: every client gets client 0's K), and FedBug's fedcm, which is not implemented.
 """
 
 from __future__ import annotations

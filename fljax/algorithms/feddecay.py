@@ -1,6 +1,6 @@
 """FedDecay: the local learning rate decays within each round, for any algorithm.
 
-FedDecay (feddecay.txt, eq. 4): client i's local step k of round n is
+FedDecay (Anonymous, 2023, eq. 4): client i's local step k of round n is
 
     theta_i^k = theta_i^{k-1} - eta * beta_j * g_i^{k-1},        k = 1..K,
 

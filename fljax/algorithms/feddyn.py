@@ -2,7 +2,7 @@
 
 Acar, Zhao, Matas, Mattina, Whatmough, Saligrama, "Federated Learning Based on Dynamic
 Regularization", ICLR 2021; official code ``alpemreacar/FedDyn`` (``train_FedDyn``,
-``train_feddyn_mdl``). Ablations from "FedDyn as initialization" (feddyn-as-initialization.txt,
+``train_feddyn_mdl``). Ablations from "FedDyn as initialization" (Anonymous, 2024,
 appendix A.8).
 
 Paper. Client k in P_t solves
@@ -37,7 +37,7 @@ the sampled clients' h_k grew by y_k,K - theta_s and the others' did not change,
 (1/N) sum_all h_k^{t+1} = (1/N) sum_all h_k^t + (1/N) sum_S (y_k,K - theta_s) = H^{t+1}.
 
 The server state also keeps gamma^t, and ``eval_models`` reports {'global': theta, 'gamma': gamma}
-(feddyn-as-initialization.txt, Figure 8, compares the two). Ablations (appendix A.8):
+(FedDyn as initialization (Anonymous, 2024), Figure 8, compares the two). Ablations (appendix A.8):
 ``client_regularization=False`` is "FedDyn w/o Reg" (plain local SGD; h_k and the server correction
 as in FedDyn; equal to alpha -> 0), ``server_correction=False`` is "FedDyn w/o h" (regularized
 clients; theta = gamma). Both off is FedAvg. Every variant keeps h_k (the local drift the
@@ -50,8 +50,8 @@ n_k and the mean of n_j over all N clients (``ctx.num_examples``, ``ctx.mean_exa
 adaptive alpha needs nothing more from the caller.
 
 ``client_vectors`` exposes each client's local drift grad L_k(theta_k) = -alpha_k h_k (the
-official code's sign convention, feddyn-as-initialization.txt Figures 10b, 11, 13b), for probes
-such as ``fljax.probes.state_diversity``.
+official code's sign convention, FedDyn as initialization (Anonymous, 2024) Figures 10b, 11, 13b),
+for probes such as ``fljax.probes.state_diversity``.
 """
 
 from __future__ import annotations

@@ -34,12 +34,12 @@ are the initial model. ``evaluate="last"`` reports the last iterate instead,
 (``step_size``) for logging.
 
 FedBug's copy (``IandRover/FedBug`` ``utils_methods.py``, mode "fedexp"; the FedExP column of
-fedbug.txt Tables 1-2) computes ``max(1, mean_S ||D_i||^2 / (||mean_S D_i||^2 +
+FedBug (Kao and Wang, 2023) Tables 1-2) computes ``max(1, mean_S ||D_i||^2 / (||mean_S D_i||^2 +
 len(selected_clnts*0.001)))``, where ``len(array * 0.001)`` is the number M = |S| of sampled
 clients: eps_t = M, no 1/2, unweighted means, and it reports the last iterate w^{t+1} (its
 ``avg_model``) and the mean of all clients' latest models (``all_model``), never the two-iterate
 average. That is ``fedexp(local, eps=1.0, eps_times_cohort=True, half=False, evaluate="last")``
-with aggregation='uniform' (algorithms.md calls it a likely bug; fljax reproduces it as an option
+with aggregation='uniform' (likely a bug in FedBug's copy; fljax reproduces it as an option
 because FedBug's table was produced with it). Not copied: the official ``fedavgm(exp)`` variant.
 """
 

@@ -1,7 +1,7 @@
 """FedGA (Federated Gradient Alignment), GradAlign, and the large-batch SGD baseline.
 
 Dandi, Barba, Jaggi, "Implicit Gradient Alignment in Distributed and Federated Learning", AAAI 2022
-(fedga-gradalign.txt, Algorithms 1-2); official code ``epfml/GradientAlignment``
+(Algorithms 1-2); official code ``epfml/GradientAlignment``
 (``interface.py:GradAlign``, ``lbsgd``; ``functions.py:compute_full_gradient``).
 
 A round of FedGA takes two exchanges (``exchanges`` = 2; the official code counts both):

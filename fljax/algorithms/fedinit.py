@@ -1,7 +1,7 @@
 """FedInit: personalized relaxed initialization (+RI) for any algorithm.
 
 Sun, Shen, Tao, "Understanding How Consistency Works in Federated Learning via Stage-wise Relaxed
-Initialization", NeurIPS 2023 (fedinit.txt, Algorithm 1); FL-Simulator
+Initialization", NeurIPS 2023 (FedInit, Algorithm 1); FL-Simulator
 (``woodenchild95/FL-Simulator``, ``server/*.py:process_for_communication``, ``--use-RI --beta``) by
 the same first author.
 

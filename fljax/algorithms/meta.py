@@ -1,7 +1,7 @@
 """First-order meta-learning as federated learning: Reptile and FOMAML.
 
 Nichol, Achiam, Schulman, "On First-Order Meta-Learning Algorithms", arXiv:1803.02999, 2018; the
-single-model baselines of FedDecay (feddecay.txt eq. 3), as in FederatedScope's
+single-model baselines of FedDecay (Anonymous, 2023; eq. 3), as in FederatedScope's
 ``trainer_FOMAML.py``.
 
 Every sampled client i is a task: K_i local optimizer steps theta_i^0 = w^t -> theta_i^K. The

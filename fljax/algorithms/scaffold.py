@@ -24,10 +24,11 @@ Unsampled clients keep c_i. The paper's Delta x is an unweighted mean_S, as in t
 FL-Simulator code: run the engine with aggregation='uniform' for it.
 
 ``option="GA"``: SCAFFOLD as the FedGA authors' code runs it (``epfml/GradientAlignment``
-``interface.py:Scaffold``), the baseline of fedga-gradalign.txt Table 1 and Figure 2. No control
-variate is kept across rounds: each round takes two exchanges (``exchanges`` = 2), as FedGA's does.
-In the first the sampled clients send their full local gradients at the broadcast model, and the
-server returns their example-weighted mean over the cohort (``compute_full_gradient``):
+``interface.py:Scaffold``), the baseline of FedGA / GradAlign (Dandi, Barba and Jaggi, AAAI 2022)
+Table 1 and Figure 2. No control variate is kept across rounds: each round takes two exchanges
+(``exchanges`` = 2), as FedGA's does. In the first the sampled clients send their full local
+gradients at the broadcast model, and the server returns their example-weighted mean over the cohort
+(``compute_full_gradient``):
 
     c_i = g_i(x),        c = gbar(x) = sum_{i in S} n_i g_i(x) / sum_{i in S} n_i,
 
@@ -41,7 +42,7 @@ so its lr milestones come twice as early; fljax's round decay is the same for ev
 
 Option II's eta_l is by default the CURRENT (decayed) local lr, as in the paper and FL-Simulator;
 ``undecayed_lr=True`` uses the base lr even when the lr decays, as the FedDyn code does
-(``train_SCAFFOLD``; algorithms.md pitfall 1). K_i is the number of steps client i took.
+(``train_SCAFFOLD``). K_i is the number of steps client i took.
 Not copied: the FedDyn code's rescaling of c by the client weight n_i/mean(n) in the loss and in the
 c update, FL-Simulator's K computed as a float from client 0's data size, and NIID-Bench's
 correction applied outside the optimizer.

@@ -22,7 +22,7 @@ division by sqrt(v) + tau). Not copied: the FedExP code's Adam, which divides m 
 and puts its eps inside the square root, and its Adagrad g / sqrt(v + 0.01); FedBug's fedadam, which
 never updates the model.
 
-FedAvgM comes in the two forms the reference code uses (algorithms.md 3.2):
+FedAvgM comes in the two forms the official codes use:
 
     heavy ball (FedExP ``main.py``):  v <- beta v + Delta;             x <- x + eta v
     EMA (FedDecorr, MOON, FedBug):    m <- beta m + (1 - beta) Delta;  x <- x + eta m   (eta = 1)

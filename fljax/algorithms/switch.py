@@ -1,8 +1,9 @@
 """Switching algorithms at a round: FedDyn pre-training, then FedAvg.
 
-Kim et al., "FedDyn as initialization" (feddyn-as-initialization.txt), Algorithm 1: run FedDyn for
-the first T_switch rounds, then continue from its global model with FedAvg. ``switch(first, then,
-at_round)`` does this for any two algorithms:
+Anonymous, "Rethinking Regularization in Federated Learning: An Initialization Perspective" (2024;
+"FedDyn as initialization"), Algorithm 1: run FedDyn for the first T_switch rounds, then continue
+from its global model with FedAvg. ``switch(first, then, at_round)`` does this for any two
+algorithms:
 
     round t < T_switch:  every hook of ``first``;   t >= T_switch:  every hook of ``then``.
 
@@ -20,12 +21,12 @@ share ONE server state and ONE per-client state: ``then`` starts from the state 
 (every client's state, sampled or not, and the server's), as a run that changes only its update
 rule at T_switch would. This needs states of the same structure (the same pytree, shapes and
 dtypes of ``server_init`` and ``client_init``), checked when the state is built. It is what
-feddyn-as-initialization.txt Figure 12 runs: FedDyn -> FedDyn w/o h or w/o Reg ("fine-tuning with
-modified FedDyn"), where the variant continues from FedDyn's h_k and the server's H = mean_k h_k
-(every ``feddyn`` variant keeps the same state for this); without it the variant would restart
-from h_k = 0. Compilation: both algorithms are traced into the ONE round program and each hook
-picks its branch with ``lax.cond`` on the round number, which is the same for every client, so only
-the taken branch runs and nothing is recompiled at the switch.
+FedDyn as initialization (Anonymous, 2024) Figure 12 runs: FedDyn -> FedDyn w/o h or w/o Reg
+("fine-tuning with modified FedDyn"), where the variant continues from FedDyn's h_k and the server's
+H = mean_k h_k (every ``feddyn`` variant keeps the same state for this); without it the variant
+would restart from h_k = 0. Compilation: both algorithms are traced into the ONE round program and
+each hook picks its branch with ``lax.cond`` on the round number, which is the same for every
+client, so only the taken branch runs and nothing is recompiled at the switch.
 
 Communication accounting (``exchanges``, ``payload``) follows the round for a fixed switch; with
 ``when`` it is ``first``'s throughout (the round of the switch is not known on the host).

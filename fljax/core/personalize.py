@@ -1,5 +1,6 @@
-"""Personalized evaluation (feddecay.txt section 4, after pFL-Bench): every user fine-tunes the global
-model on its own training split, then is scored on its own validation and test splits.
+"""Personalized evaluation (FedDecay (Anonymous, 2023) section 4, after pFL-Bench): every user
+fine-tunes the global model on its own training split, then is scored on its own validation and test
+splits.
 
 User u starts from the global model w and takes S steps of the fine-tuning optimizer (by default
 SGD at the fine-tuning learning rate with the experiment's clip, momentum and weight decay;

@@ -213,7 +213,7 @@ def node_splits(labels: np.ndarray, train_per_class: int, num_val: int, seed: in
 
 def user_node_splits(parts: list[np.ndarray], num_nodes: int, val_fraction: float,
                      test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each client's own node split (feddecay.txt's per-user train / val / test): of client c's
+    """Each client's own node split (FedDecay's per-user train / val / test): of client c's
     n_c nodes, round(val_fraction n_c) validation and round(test_fraction n_c) test nodes (at
     least one each when the fraction is > 0) drawn at random, the rest training. Three masks."""
     rng = np.random.default_rng([seed, 1])

@@ -1,9 +1,10 @@
 """FedInit's noisy data: client-based and category-based biases added to images at split time.
 
-fedinit.txt section 5 ("Setups"): "we change the strength of the RGB channels with a random
-Gaussian noise for different clients" (client-based biases: the clients' cameras differ) and "we
-add different brightness perturbations to the samples in each category by a random Gaussian noise"
-(category-based biases). The paper gives neither noise's form nor its scale; fljax reads them as
+FedInit (Sun, Shen and Tao, NeurIPS 2023) section 5 ("Setups"): "we change the strength of the RGB
+channels with a random Gaussian noise for different clients" (client-based biases: the clients'
+cameras differ) and "we add different brightness perturbations to the samples in each category by a
+random Gaussian noise" (category-based biases). The paper gives neither noise's form nor its scale;
+fljax reads them as
 
     x'_{i,n}[..., c] = (1 + sigma_client * e_{i,c}) * (x_n[..., c] + sigma_class * b_{y_n})
 

@@ -1,5 +1,6 @@
 """Users for personalized evaluation: existing users train in the federation, new users are held out;
-every user's examples are split into its own train / val / test (feddecay.txt section 4).
+every user's examples are split into its own train / val / test (FedDecay (Anonymous, 2023),
+section 4).
 
 FedDecay evaluates generalization in two ways (after Yuan et al. 2022 and pFL-Bench): to new users
 (the participation gap: a share of the clients, 20% in the paper, never trains) and to new data of

@@ -19,8 +19,8 @@ from fljax.errors import FljaxError
 class CharLSTM(nn.Module):
     """Embedding (8) -> ``layers`` stacked LSTMs (``hidden`` units) -> dense over the alphabet, at
     every position: x int32 [B, T] -> logits [B, T, vocab] (next character after each prefix).
-    LEAF's Shakespeare model: embedding 8, 2 x LSTM 256, 80 characters; FedGA's (fedga-gradalign.txt
-    B.5): 2 x LSTM 100. Features: the last LSTM layer's outputs [B, T, hidden]."""
+    LEAF's Shakespeare model: embedding 8, 2 x LSTM 256, 80 characters; FedGA's (Dandi, Barba and
+    Jaggi, AAAI 2022, B.5): 2 x LSTM 100. Features: the last LSTM layer's outputs [B, T, hidden]."""
 
     vocab: int = 80
     hidden: int = 100

@@ -187,7 +187,7 @@ def make_model(name: str, input_shape, num_classes: int,
     shape and dtype are the model's input spec.
 
     - ``linear``: softmax (multinomial logistic) regression on the flattened input: a convex
-      model, for checks of convex theory (feddyn-as-initialization.txt Proposition 1).
+      model, for checks of convex theory (FedDyn as initialization (Anonymous, 2024) Proposition 1).
     - ``mlp``: 200-200 ReLU MLP (McMahan et al. 2017's 2NN); ``mlp_bn`` with BatchNorm after
       each hidden layer (a small model with state, e.g. for FedBN on vectors).
     - ``small_cnn``: conv5x5-16, pool, conv5x5-32, pool, fc128, fc (the 28x28 benchmark CNN).

@@ -1,5 +1,6 @@
-"""Cosine similarity of a client's pseudo-gradients across rounds (feddyn-as-initialization.txt,
-section 3.2 and Figure 1c): high when a client "repeatedly optimizes only its local objective".
+"""Cosine similarity of a client's pseudo-gradients across rounds (FedDyn as initialization
+(Anonymous, 2024), section 3.2 and Figure 1c): high when a client "repeatedly optimizes only its
+local objective".
 
 The paper "measured the cosine similarity between a client's pseudo-gradient from the last round
 and those from its previous rounds". Two probes:

@@ -1,5 +1,6 @@
-"""Client gradient dissimilarity at the global model (fedga-gradalign.txt, section 3 and
-Figures 5, 7, 9): how far each client's full local gradient is from the global one.
+"""Client gradient dissimilarity at the global model (FedGA / GradAlign (Dandi, Barba and Jaggi,
+AAAI 2022), section 3 and Figures 5, 7, 9): how far each client's full local gradient is from the
+global one.
 
 At the model after round t, x = w^{t+1}, with g_k(x) the gradient of client k's mean loss over all
 its examples and p_k the aggregation weights over all N clients (n_k / n for 'examples': the

@@ -1,4 +1,5 @@
-"""FedInit's divergence term over ALL clients (fedinit.txt, Theorem 3 and Table 3).
+"""FedInit's divergence term over ALL clients (FedInit (Sun, Shen and Tao, NeurIPS 2023), Theorem 3
+and Table 3).
 
     Delta^{t+1} = 1/N sum_{i=1..N} ||y_i^{latest} - w^{t+1}||^2
 

@@ -1,6 +1,6 @@
-"""Gradient diversity (Yin et al. 2018; feddyn-as-initialization.txt Eq. (1)) of the cohort's
-pseudo-gradients and of any per-client vector an algorithm keeps (FedDyn's local drift, SCAFFOLD's
-control variates).
+"""Gradient diversity (Yin et al. 2018; FedDyn as initialization (Anonymous, 2024) Eq. (1)) of the
+cohort's pseudo-gradients and of any per-client vector an algorithm keeps (FedDyn's local drift,
+SCAFFOLD's control variates).
 
     diversity({v_k}) = sum_k ||v_k||^2 / ||sum_k v_k||^2
 

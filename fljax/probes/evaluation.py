@@ -2,12 +2,12 @@
 latest local model.
 
 * ``train_evaluation()``: the global model's loss and accuracy over every example the training
-  clients hold (``global_train_loss``, ``global_train_accuracy``): fedga-gradalign.txt Figure 8's
-  train accuracy, feddyn-as-initialization.txt Figure 4b's "training loss of the global model for
-  the entire training data", and with the test scores the generalization gap of FedInit's excess
-  risk. An example a split gives to several clients counts once per client, as the federated
-  objective sum_k (n_k / n) f_k weighs it. Costs one forward pass over the training set per
-  evaluation, nothing in the round.
+  clients hold (``global_train_loss``, ``global_train_accuracy``): FedGA / GradAlign (Dandi, Barba
+  and Jaggi, AAAI 2022) Figure 8's train accuracy, FedDyn as initialization (Anonymous, 2024) Figure
+  4b's "training loss of the global model for the entire training data", and with the test scores
+  the generalization gap of FedInit's excess risk. An example a split gives to several clients
+  counts once per client, as the federated objective sum_k (n_k / n) f_k weighs it. Costs one
+  forward pass over the training set per evaluation, nothing in the round.
 * ``all_model()``: the FedDyn and FedBug code's ``all_model``, the unweighted mean over ALL N
   clients of each client's latest local model y_k,K (the initial model for a client never
   sampled, as the FedDyn code initializes ``clnt_params_list``), scored on the test set

@@ -1,6 +1,6 @@
-"""The interaction tensor (Jiang et al. 2024) of a round's models, as feddyn-as-initialization.txt
-section 3.3 and appendix A.2 use it: which features the global model, the local models and the next
-global model learned, and on which data points.
+"""The interaction tensor (Jiang et al. 2024) of a round's models, as FedDyn as initialization
+(Anonymous, 2024) section 3.3 and appendix A.2 use it: which features the global model, the local
+models and the next global model learned, and on which data points.
 
 For M models (w^t, the local models of the cohort, w^{t+1}: M = |P_t| + 2) and N data points:
 

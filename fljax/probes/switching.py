@@ -1,5 +1,5 @@
-"""The switching criterion of feddyn-as-initialization.txt (Proposition 1, Eq. (3)-(5), A.4):
-when FedDyn stops paying for itself and FedAvg should take over.
+"""The switching criterion of FedDyn as initialization (Anonymous, 2024; Proposition 1, Eq. (3)-(5),
+A.4): when FedDyn stops paying for itself and FedAvg should take over.
 
 With grad L_k(theta_k^t) the local drift FedDyn keeps for client k after round t (``-alpha_k h_k``,
 FedDyn's ``client_vectors()['local_drift']``; 0 before any round) and theta* the optimum:

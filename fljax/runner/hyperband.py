@@ -1,6 +1,6 @@
 """Early stopping of a sweep's grid points: Hyperband, as Optuna's HyperbandPruner runs it.
 
-FedDecay (feddecay.txt section 4, Table 2) searches its grids "leveraging early termination and
+FedDecay (Anonymous, 2023; section 4, Table 2) searches its grids "leveraging early termination and
 hyperband stopping": a grid point whose validation accuracy falls behind the others' at a rung
 stops there. In a sweep file, ``"hyperband": {"min_rounds": R, "reduction_factor": eta}`` (the
 sweep's, or a scale's own) does this per cell (row x column): each grid point is one trial of an Optuna study (its runs, one per

@@ -31,8 +31,8 @@ A sweep file::
                                                      validation split) instead of its last
      "cost_relative_to": "FedAvg",                   optional: lines of each column's bytes
                                                      and FLOPs over the whole run as a
-                                                     multiple of this column's (feddecay.txt
-                                                     Figure 1)
+                                                     multiple of this column's (FedDecay (Anonymous,
+                                                     2023) Figure 1)
      "extend": ["lr"],                               optional: grid keys whose selected value
                                                      may not sit at the grid's edge (the
                                                      tuning rule, below)
