@@ -15,7 +15,8 @@ cells keep their ids, streams are merged, and no path of this machine is stored.
 a clock (the notebooks print how long their runs took) does change; the test ignores it.
 FLJAX_RENDER_DPI sets the figures' resolution (default: matplotlib's, 100 dpi).
 
-The full-scale results (60 rounds, several seeds) are not these: run a notebook by hand for them.
+The training notebooks' results at their own defaults (tens of rounds, several seeds) are not these:
+run a notebook by hand for them. The report notebook reads the checked-in results either way.
 """
 
 from __future__ import annotations
@@ -171,10 +172,11 @@ def render(name: str) -> pathlib.Path:
 
 # -- what the test compares -------------------------------------------------------------------
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])(/[\w.+-]+){2,}/?")           # /a/b, not w/o
 VOLATILE = [(re.compile(r"\b\d+(\.\d+)?\s?(s|ms|min)\b"), "<duration>"),     # "12.3 s"
             (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x..."),                    # memory addresses
             (re.compile(r"\b\d+(\.\d+)? ?([kMGT]i?B)\b"), "<memory>"),          # the host's memory
-            (re.compile(r"(?<![\w.])(/[\w.+-]+){2,}/?"), "<path>")]          # absolute paths
+            (ABSOLUTE_PATH, "<path>")]
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\bnan\b|\binf\b")
 
 

@@ -85,6 +85,7 @@ def test_notebook_is_rendered(name):
         for kind, text in render.summary(cell):
             assert kind != "error", (cell.id, text)
             assert not any(path in text for path in private), (cell.id, text)
+            assert not render.ABSOLUTE_PATH.search(text), (cell.id, text)
 
 
 def test_quickstart_runs(tmp_path, monkeypatch):
