@@ -1,5 +1,8 @@
-"""The notebooks run top to bottom at tiny scale (FLJAX_NOTEBOOK_ROUNDS) and report their results."""
+"""The notebooks run top to bottom at tiny scale (FLJAX_NOTEBOOK_ROUNDS), report their results, and
+are stored with the outputs of that run (``python notebooks/render.py`` writes them)."""
 
+import copy
+import importlib.util
 import json
 import os
 import pathlib
@@ -15,28 +18,35 @@ NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 MARKER = "FLJAX_NOTEBOOK_RESULT "
 
 
+def load_render():
+    spec = importlib.util.spec_from_file_location("fljax_notebooks_render", NOTEBOOKS / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render = load_render()
+
+
 def execute(name: str, tmp_path, monkeypatch, rounds: int, report: str, **env) -> dict:
     """Run notebooks/NAME with ROUNDS rounds (and ``env``) plus a last cell printing ``report`` (a
-    Python expression over the notebook's names) as JSON; return that report."""
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    Python expression over the notebook's names) as JSON; check that the notebook's stored outputs
+    are this run's (render.py renders it with the same environment); return the report."""
+    scale = {"FLJAX_NOTEBOOK_ROUNDS": str(rounds), **env}
+    assert scale == render.SCALE[name], "render.py's SCALE runs the notebook as this test does"
     # A 'python3' kernelspec that runs this interpreter, found before any other on JUPYTER_PATH.
-    kernelspec.install(prefix=str(tmp_path / "jupyter"), kernel_name="python3")
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
-    monkeypatch.setenv("FLJAX_NOTEBOOK_ROUNDS", str(rounds))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
-    monkeypatch.setenv("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", "cpu"))
+    for key, value in render.environment(tmp_path, scale).items():
+        monkeypatch.setenv(key, value)
 
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    stored = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nb = copy.deepcopy(stored)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     nb.cells.append(nbformat.v4.new_code_cell(
         f"import json, sys\nprint({MARKER!r} + json.dumps({{'executable': sys.executable, "
         f"'report': {report}}}))"))
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
-                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute()  # raises CellExecutionError if any cell fails
+    render.execute(nb)  # raises CellExecutionError if any cell fails
 
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -45,19 +55,37 @@ def execute(name: str, tmp_path, monkeypatch, rounds: int, report: str, **env) -
     assert MARKER in text, text
     result = json.loads(text.split(MARKER, 1)[1])
     assert os.path.realpath(result["executable"]) == os.path.realpath(sys.executable)
+
+    stale = render.differences(stored, render.clean(nb, stored.metadata, scale))
+    if stored.metadata.get("fljax", {}).get("rendered_with") != scale:
+        stale.insert(0, f"rendered with {stored.metadata.get('fljax', {}).get('rendered_with')}, "
+                        f"run with {scale}")
+    assert not stale, "\n".join([render.STALE, *stale])
     return result["report"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
-def test_notebook_is_clean(name):
+def test_notebook_is_rendered(name):
+    """Stored with the outputs of a run, top to bottom, that raised nothing and printed no path of
+    the machine that ran it; whether they are the current code's outputs, the tests that run the
+    notebooks check."""
     cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
     assert all("id" in cell for cell in cells), "every cell needs an id (nbformat.validator.normalize)"
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata.kernelspec.name == "python3"
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None, "clear the outputs"
+    assert name in render.SCALE, "render.py renders every notebook"
+    assert nb.metadata.get("fljax", {}).get("rendered_with") == render.SCALE[name], render.STALE
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1)), render.STALE
+    assert any(cell.outputs for cell in code), render.STALE
+    private = render.private_paths()
+    for cell in code:
+        assert "execution" not in cell.metadata          # no timestamps
+        for kind, text in render.summary(cell):
+            assert kind != "error", (cell.id, text)
+            assert not any(path in text for path in private), (cell.id, text)
+            assert not render.ABSOLUTE_PATH.search(text), (cell.id, text)
 
 
 def test_quickstart_runs(tmp_path, monkeypatch):
@@ -139,7 +167,7 @@ def test_reproduction_report_recomputes_every_claim_from_the_checked_in_results(
         p = scipy.stats.ttest_rel(a, b).pvalue
         np.testing.assert_allclose(c["p"], p, rtol=1e-9)
         expected = ("reproduced" if p < 0.05 and np.sign(diff.mean()) == c["sign"] else
-                    "opposite" if p < 0.05 else "no significant difference")
+                    "not reproduced")
         assert c["verdict"] == expected, c
 
 
