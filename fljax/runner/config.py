@@ -180,7 +180,7 @@ class ExperimentConfig:
     accountant: str = option("rdp", "privacy", f"with the dp wrapper: dp_accounting's accountant, "
                              f"{' or '.join(ACCOUNTANTS)} (pld: Bernoulli participation only)")
     clock: str = option("{}", "time", "simulated client durations (fljax.population.clock), a JSON object: "
-                        "'{\"sigma\": 1.0, \"jitter\": 0.2}' (log-normal step times) or "
+                        "'{\"sigma\": 1.0, \"jitter\": 0.2}' (lognormal step times) or "
                         "'{\"trace\": \"FILE\"}' (a JSON list of step times, one per client); "
                         "{}: no clock")
     deadline: str = option("{}", "time", "with --clock, a synchronous round's deadline "
