@@ -29,9 +29,9 @@ ROOT = os.path.dirname(HERE)
 
 # The public packages of the API reference, lowest layer first; those not (yet) present are
 # skipped.
-PACKAGES = ("fljax", "fljax.algorithms", "fljax.data", "fljax.models", "fljax.compression",
-            "fljax.privacy", "fljax.robustness", "fljax.population", "fljax.probes",
-            "fljax.core", "fljax.runner")
+PACKAGES = ("fljax", "fljax.registry", "fljax.hyperparams", "fljax.data", "fljax.models",
+            "fljax.compression", "fljax.privacy", "fljax.robustness", "fljax.population",
+            "fljax.algorithms", "fljax.probes", "fljax.accounting", "fljax.core", "fljax.runner")
 
 # The paper of each algorithm and wrapper (the module docstring says which official code is
 # followed and where the implementation departs from it).
@@ -247,8 +247,14 @@ def algorithm_pages() -> None:
     summaries = module("fljax.runner.cli", "fljax.cli").SUMMARIES
     out = os.path.join(HERE, "algorithms")
     rows = ["| name | kind | summary |", "|---|---|---|"]
-    names = [(n, "algorithm") for n in fljax.ALGORITHM_NAMES] + \
-            [(n, "wrapper") for n in fljax.WRAPPER_NAMES]
+    from fljax import registry
+
+    # In the order ``fljax algorithms`` lists them, then any other.
+    order = [*registry.BUILTIN_ALGORITHMS, *registry.BUILTIN_WRAPPERS]
+    names = [(n, "algorithm") for n in sorted(fljax.ALGORITHM_NAMES, key=lambda n: (
+        n not in order, order.index(n) if n in order else 0, n))] + \
+            [(n, "wrapper") for n in sorted(fljax.WRAPPER_NAMES, key=lambda n: (
+                n not in order, order.index(n) if n in order else 0, n))]
     for name, kind in names:
         factory = getattr(algorithms, name)
         write(os.path.join(out, f"{name}.md"),
@@ -264,16 +270,28 @@ def algorithm_pages() -> None:
 
 
 def public_names(package) -> list[str]:
-    """``__all__``, or else the names a module defines and its public submodules."""
+    """``__all__``, or else the classes and functions a module defines."""
     names = getattr(package, "__all__", None)
     if names is not None:
         return sorted(names)
-    own = [n for n, v in vars(package).items() if not n.startswith("_")
-           and getattr(v, "__module__", None) == package.__name__
-           and (inspect.isclass(v) or inspect.isfunction(v))]
-    subs = [m.name for m in pkgutil.iter_modules(getattr(package, "__path__", []))
-            if not m.name.startswith("_")]
-    return sorted(own) + sorted(subs)
+    return sorted(n for n, v in vars(package).items() if not n.startswith("_")
+                  and getattr(v, "__module__", None) == package.__name__
+                  and (inspect.isclass(v) or inspect.isfunction(v)))
+
+
+def public_modules(package) -> list[str]:
+    """The public submodules of a package (not those a public name of the package shadows:
+    ``fljax.algorithms.fedavg`` is the function; its module's docstring is on its algorithm
+    page)."""
+    found = []
+    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+        if info.name.startswith("_"):
+            continue
+        full = f"{package.__name__}.{info.name}"
+        value = getattr(package, info.name, None)
+        if value is None or inspect.ismodule(value):
+            found.append(full)
+    return sorted(found)
 
 
 def api_pages() -> list[str]:
@@ -281,25 +299,30 @@ def api_pages() -> list[str]:
     present = []
     for name in PACKAGES:
         try:
-            package = importlib.import_module(name)
+            importlib.import_module(name)
         except ModuleNotFoundError:
             continue
         present.append(name)
     for name in present:
         package = importlib.import_module(name)
-        entries = []
-        for each in public_names(package):
-            full = f"{name}.{each}"
-            if full in present and full != name:      # a package with a page of its own
-                continue
-            entries.append(full)
-        linked = [f"- [`{full}`]({full}.md)" for full in (f"{name}.{each}"
-                  for each in public_names(package)) if full in present and full != name]
+        names = [each for each in public_names(package) if f"{name}.{each}" not in present]
+        modules = [m for m in public_modules(package) if m not in present]
         lines = [f"# `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", "",
-                 ".. autosummary::", "   :toctree: _autosummary", "",
-                 *(f"   {full}" for full in entries), "```", ""]
+                 f".. currentmodule:: {name}", ""]
+        if names:
+            lines += [".. rubric:: Public names", "", ".. autosummary::",
+                      "   :toctree: _autosummary", "", *(f"   {each}" for each in names), ""]
+        if modules:
+            lines += [".. rubric:: Modules", "", ".. autosummary::",
+                      "   :toctree: _autosummary", "",
+                      *(f"   {m[len(name) + 1:]}" for m in modules), ""]
+        lines += ["```", ""]
+        pages = [f"{name}.{each}" for each in [*public_names(package),
+                 *(m.rsplit(".", 1)[1] for m in public_modules(package))]]
+        linked = sorted({p for p in pages if p in present and p != name})
         if linked:
-            lines += ["Its subpackages have pages of their own:", "", *linked, ""]
+            lines += ["Packages with pages of their own: " + ", ".join(
+                f"[`{p}`]({p}.md)" for p in linked) + ".", ""]
         write(os.path.join(out, f"{name}.md"), "\n".join(lines))
     keep = {f"{n}.md" for n in present} | {"index.md"}
     for path in glob.glob(os.path.join(out, "*.md")):

@@ -14,7 +14,9 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import io
+import re
 
 from docutils.core import publish_doctree
 from docutils.parsers.rst import directives, roles
@@ -47,8 +49,10 @@ def _parses_cleanly(text: str) -> bool:
         directives._directives.update(saved[2])
         roles._roles.clear()
         roles._roles.update(saved[3])
-    for message in doctree.traverse(lambda n: n.tagname == "system_message"):
-        if message["level"] >= 2 and not any(b in message.astext() for b in _BENIGN):
+    del doctree
+    for line in stream.getvalue().splitlines():
+        if re.match(r".*\((WARNING|ERROR|SEVERE)/\d\)", line) and not any(
+                b in line for b in _BENIGN):
             return False
     return True
 
@@ -118,21 +122,139 @@ def _aliases(env) -> dict[int, list[str]]:
     return _documented
 
 
+def _candidates(node) -> list[str]:
+    """Where a reference may point: its target as written, or a bare name in the module it is
+    written in (the page's module, or the module whose docstring it sits in: the docstring of
+    ``fljax.data.loaders.load_dataset`` names ``load_npz`` of ``fljax.data.loaders``)."""
+    target = node.get("reftarget", "").lstrip(".~")
+    if target.startswith("fljax"):
+        return [target]
+    modules = [node.get("py:module")]
+    source = str(node.source or "")
+    if "docstring of " in source:
+        parts = source.rsplit("docstring of ", 1)[1].split(".")
+        modules += [".".join(parts[:cut]) for cut in range(len(parts) - 1, 0, -1)]
+    return [f"{m}.{target}" for m in modules if m and m.startswith("fljax")]
+
+
 def documented_alias(app, env, node, contnode):
-    if node.get("refdomain") != "py" or not node.get("reftarget", "").startswith("fljax"):
-        return None
-    value = _lookup(node["reftarget"])
-    if value is None:
-        return None
-    names = _aliases(env).get(id(value))
-    if not names:
+    if node.get("refdomain") != "py":
         return None
     domain = env.domains["py"]
-    return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], names[0], node,
-                               contnode)
+    for candidate in _candidates(node):
+        value = _lookup(candidate)
+        if value is None:
+            continue
+        names = _aliases(env).get(id(value))
+        if names:
+            return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
+                                       names[0], node, contnode)
+    return None
+
+
+def qualify_bare_names(app, doctree) -> None:
+    """A bare name in a signature (``ctx: ClientContext`` of a NamedTuple's fields) is searched
+    everywhere, and ``ClientContext`` is documented under several names: it is qualified by the
+    module of the page, or else by the module the documented object is defined in (where its
+    annotations were written); ``documented_alias`` then finds its documentation."""
+    from sphinx import addnodes
+
+    for node in doctree.findall(addnodes.pending_xref):
+        target = node.get("reftarget", "")
+        if node.get("refdomain") != "py" or "." in target or not target:
+            continue
+        modules = [node.get("py:module") or ""]
+        signature = node.parent
+        while signature is not None and not isinstance(signature, addnodes.desc_signature):
+            signature = signature.parent
+        if signature is not None and signature.get("module") and signature.get("fullname"):
+            value = _lookup(f"{signature['module']}.{signature['fullname']}")
+            modules.append(getattr(value, "__module__", None) or "")
+        for module in modules:
+            value = _lookup(f"{module}.{target}") if module.startswith("fljax") else None
+            if (inspect.isclass(value) or inspect.isfunction(value)) and \
+                    getattr(value, "__module__", "").startswith("fljax"):
+                node["reftarget"] = f"{module}.{target}"
+                break
+
+
+def _preferred_names() -> dict[str, str]:
+    """Each public class's preferred documented name, by its canonical name: ``fljax.X`` where
+    the package exports it, else the first package of the reference (``generate.PACKAGES``)
+    that lists it."""
+    import generate
+
+    preferred: dict[str, str] = {}
+    for package_name in generate.PACKAGES:
+        try:
+            package = importlib.import_module(package_name)
+        except ModuleNotFoundError:
+            continue
+        for name in generate.public_names(package):
+            value = getattr(package, name, None)
+            if isinstance(value, type):
+                canonical = f"{value.__module__}.{value.__qualname__}"
+                preferred.setdefault(canonical, f"{package_name}.{name}")
+    return preferred
+
+
+def _one_canonical_name() -> None:
+    """A class exported twice (``fljax.Algorithm``, ``fljax.algorithms.Algorithm``) gets its
+    canonical name (``fljax.algorithms.base.Algorithm``, where type hints point) from its
+    preferred documentation only: two would be a duplicate description."""
+    from sphinx.ext.autodoc._property_types import _ClassDefProperties
+
+    original = _ClassDefProperties.canonical_full_name.fget
+    preferred: dict[str, str] = {}
+
+    def canonical_full_name(self):
+        if not preferred:
+            preferred.update(_preferred_names())
+        canonical = original(self)
+        if canonical and self.full_name != preferred.get(canonical, self.full_name):
+            return None
+        return canonical
+
+    _ClassDefProperties.canonical_full_name = property(canonical_full_name)
+
+
+def _napoleon_skips_attributes(app) -> None:
+    """Napoleon reads an attribute's or property's docstring ``"x: y"`` as a type ``x``; fljax's
+    say ``"Delta_i = w^t - y_i,K: the client's update"``. Napoleon runs on the others."""
+    for listener in list(app.events.listeners["autodoc-process-docstring"]):
+        if getattr(listener.handler, "__module__", "").startswith("sphinx.ext.napoleon"):
+            app.disconnect(listener.id)
+            handler = listener.handler
+
+            def napoleon(app, what, name, obj, options, lines, handler=handler):
+                if what not in ("attribute", "property", "data"):
+                    handler(app, what, name, obj, options, lines)
+
+            app.connect("autodoc-process-docstring", napoleon, priority=listener.priority)
+
+
+def _whole_literals_in_summaries() -> None:
+    """autosummary's one-line summary is the docstring's first sentence; one that ends inside an
+    inline literal (``fljax plot RUN_DIR. ...``) is cut before that literal."""
+    from sphinx.ext import autosummary
+
+    original = autosummary.extract_summary
+
+    def extract_summary(doc, document):
+        summary = original(doc, document)
+        if summary.count("``") % 2:
+            summary = summary[:summary.rindex("``")].rstrip(" ,;:(") + " ..."
+        return summary
+
+    autosummary.extract_summary = extract_summary
 
 
 def setup(app):
+    _whole_literals_in_summaries()
+    app.setup_extension("sphinx.ext.napoleon")
+    _napoleon_skips_attributes(app)
+    _one_canonical_name()
     app.connect("autodoc-process-docstring", plain_text_docstrings, priority=900)
     app.connect("missing-reference", documented_alias)
+    app.connect("doctree-read", qualify_bare_names)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
