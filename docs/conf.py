@@ -67,8 +67,11 @@ typehints_document_rtype = True
 # reader's browser; the build itself fetches nothing.
 html_theme = "sphinx_book_theme"
 html_title = "fljax"
+# The sidebar shows the open section only: the API reference has hundreds of pages, and a full
+# navigation tree on every page is most of the build's time.
 html_theme_options = {"show_toc_level": 2, "use_download_button": False,
-                      "use_fullscreen_button": False}
+                      "use_fullscreen_button": False, "collapse_navbar": True,
+                      "max_navbar_depth": 2}
 html_static_path: list[str] = []
 
 # Nitpicky: every reference to fljax must resolve. Only names of other packages (which have no

@@ -250,6 +250,10 @@ def _whole_literals_in_summaries() -> None:
         return summary
 
     autosummary.extract_summary = extract_summary
+    from sphinx.ext.autosummary import generate
+
+    if getattr(generate, "extract_summary", None) is original:
+        generate.extract_summary = extract_summary
 
 
 def setup(app):
