@@ -311,10 +311,11 @@ def api_pages() -> list[str]:
                  f".. currentmodule:: {name}", ""]
         if names:
             lines += [".. rubric:: Public names", "", ".. autosummary::",
-                      "   :toctree: _autosummary", "", *(f"   {each}" for each in names), ""]
+                      "   :toctree: _autosummary", "   :nosignatures:", "",
+                      *(f"   {each}" for each in names), ""]
         if modules:
             lines += [".. rubric:: Modules", "", ".. autosummary::",
-                      "   :toctree: _autosummary", "",
+                      "   :toctree: _autosummary", "   :nosignatures:", "",
                       *(f"   {m[len(name) + 1:]}" for m in modules), ""]
         lines += ["```", ""]
         pages = [f"{name}.{each}" for each in [*public_names(package),
