@@ -157,7 +157,8 @@ def qualify_bare_names(app, doctree) -> None:
     """A bare name in a signature (``ctx: ClientContext`` of a NamedTuple's fields) is searched
     everywhere, and ``ClientContext`` is documented under several names: it is qualified by the
     module of the page, or else by the module the documented object is defined in (where its
-    annotations were written); ``documented_alias`` then finds its documentation."""
+    annotations were written); ``documented_alias`` then finds its documentation. A name of
+    another package gets its full name (``jax._src.mesh.Mesh``)."""
     from sphinx import addnodes
 
     for node in doctree.findall(addnodes.pending_xref):
@@ -173,10 +174,14 @@ def qualify_bare_names(app, doctree) -> None:
             modules.append(getattr(value, "__module__", None) or "")
         for module in modules:
             value = _lookup(f"{module}.{target}") if module.startswith("fljax") else None
-            if (inspect.isclass(value) or inspect.isfunction(value)) and \
-                    getattr(value, "__module__", "").startswith("fljax"):
-                node["reftarget"] = f"{module}.{target}"
-                break
+            if not (inspect.isclass(value) or inspect.isfunction(value)):
+                continue
+            home = getattr(value, "__module__", "") or ""
+            # fljax's own: by the module it is named in; another package's (jax's ``Mesh``): by
+            # its full name, which nitpick_ignore_regex lets pass.
+            node["reftarget"] = f"{module}.{target}" if home.startswith("fljax") else \
+                f"{home}.{value.__qualname__}"
+            break
 
 
 def _preferred_names() -> dict[str, str]:
