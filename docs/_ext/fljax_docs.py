@@ -1,4 +1,4 @@
-"""Two things the API reference needs from Sphinx.
+"""What the API reference needs from Sphinx, on top of autodoc, autosummary and napoleon.
 
 1. Docstrings written as plain text. Many of fljax's docstrings are plain text whose equations are
    indented lines (``Delta_i = w^t - y_i,K``), which reStructuredText reads as errors ("Unexpected
@@ -8,7 +8,12 @@
 2. Names documented under another name. A type hint names a class where it is defined
    (``fljax.algorithms.base.Algorithm``); the reference documents it where users import it
    (``fljax.Algorithm``). A reference that does not resolve and names an object of fljax is sent
-   to a documented name of the same object. References to anything not documented still fail.
+   to a documented name of the same object; a bare name is first qualified by the module it is
+   written in. References to anything not documented still fail.
+3. One canonical name per class: a class exported twice (``fljax.Algorithm`` and
+   ``fljax.algorithms.Algorithm``) takes its canonical name from its preferred documentation only.
+4. Quiet trial parses: autosummary's summary lines and sphinx-autodoc-typehints parse docstrings
+   once more on the side; their reports would reach stderr outside the build's warnings.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import importlib
 import inspect
 import io
 import re
+import sys
 
 from docutils.core import publish_doctree
 from docutils.parsers.rst import directives, roles
@@ -261,8 +267,26 @@ def _whole_literals_in_summaries() -> None:
         generate.extract_summary = extract_summary
 
 
+def _quiet_typehints_trial_parse() -> None:
+    """sphinx-autodoc-typehints parses each docstring once more, with docutils' default settings,
+    only to find where to insert the types; its reports went to stderr, outside the build's
+    warnings (which still see every docstring through autodoc)."""
+    import sphinx_autodoc_typehints as typehints
+
+    original = typehints.parse
+
+    def parse(text, settings):
+        if getattr(settings, "warning_stream", None) in (None, sys.stderr):
+            settings = copy.copy(settings)
+            settings.report_level = 5
+        return original(text, settings)
+
+    typehints.parse = parse
+
+
 def setup(app):
     _whole_literals_in_summaries()
+    _quiet_typehints_trial_parse()
     app.setup_extension("sphinx.ext.napoleon")
     _napoleon_skips_attributes(app)
     _one_canonical_name()
