@@ -12,8 +12,8 @@ local directory, a Louvain community split into clients, each client one example
 * ``federated_graph_dataset``: a Dataset with one example per client, its subgraph (edges inside
   the client), padded to the largest client; labels -1 where a node is not scored.
 
-Exact vs approximate (README): the split rule and GIN follow FederatedScope; the Louvain pass is
-fljax's own implementation (python-louvain's visiting order and tie-breaking differ, so the
+Exact vs approximate (docs/guides/data.md): the split rule and GIN follow FederatedScope; the
+Louvain pass is fljax's own implementation (python-louvain's visiting order and tie-breaking differ, so the
 communities, hence the clients, are not node-for-node FederatedScope's); the node split is
 FederatedScope's random Planetoid split for PubMed (3,943 train nodes per class, 3,943 val, the
 rest test) drawn with fljax's generator.
