@@ -13,10 +13,10 @@ local directory, a Louvain community split into clients, each client one example
   the client), padded to the largest client; labels -1 where a node is not scored.
 
 Exact vs approximate (docs/guides/data.md): the split rule and GIN follow FederatedScope; the
-Louvain pass is fljax's own implementation (python-louvain's visiting order and tie-breaking differ, so the
-communities, hence the clients, are not node-for-node FederatedScope's); the node split is
-FederatedScope's random Planetoid split for PubMed (3,943 train nodes per class, 3,943 val, the
-rest test) drawn with fljax's generator.
+Louvain pass is fljax's own implementation (python-louvain's visiting order and tie-breaking differ,
+so the communities, hence the clients, are not node-for-node FederatedScope's); the node split is
+FederatedScope's random Planetoid split for PubMed (3,943 train nodes per class, 3,943 val, the rest
+test) drawn with fljax's generator.
 """
 
 from __future__ import annotations
