@@ -298,8 +298,8 @@ def make_round(algorithm: AlgorithmOrBuilder, model: Model,
     ``participation='uniform'`` samples ``clients_per_round`` distinct clients; 'bernoulli' lets
     each client join with probability C = clients_per_round / N (``bernoulli_cohort``; the FedDyn,
     FedBug and FL-Simulator code). The program then has a slot for every client and skips the
-    slots of those who did not join: with ``client_chunk`` c, a round costs the ceil(|S|/c) chunks
-    that hold someone (default c: 1 on CPU, the expected cohort per device on GPU).
+    slots of those who did not join: with ``client_chunk`` c, a round costs only the chunks of c
+    slots that hold someone (default c: 1 on CPU, the expected cohort per device on GPU).
 
     ``unroll``: local steps per iteration of the ``lax.scan`` over a client's steps (the same
     results; fewer, longer loop iterations). ``compute_dtype`` (e.g. ``jnp.bfloat16``): the
