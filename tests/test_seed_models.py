@@ -138,6 +138,12 @@ def test_groups_and_fedbug_units():
     cnn = make_model("standard_cnn", (32, 32, 3), 10)
     for unit in ("M", "B"):
         assert unfreeze_units(cnn, unit) == (("conv1",), ("conv2",), ("fc1",), ("fc2",), ("fc3",))
+    tiny = make_model("tiny_cnn", (64, 64, 3), 200)    # FedBug utils_models.py / utils_gu.py
+    shapes = {g: tuple(v["kernel"].shape) for g, v in tiny.init(jax.random.PRNGKey(0)).items()}
+    assert (shapes["fc1"], shapes["fc2"], shapes["fc3"]) == ((1024, 256), (256, 128), (128, 200))
+    for unit in ("M", "B"):     # 5 periods; conv3 is never frozen
+        assert unfreeze_units(tiny, unit) == (("conv1", "conv3"), ("conv2",), ("fc1",), ("fc2",),
+                                              ("fc3",))
     r20 = make_model("resnet20", (32, 32, 3), 100)
     assert len(unfreeze_units(r20, "B")) == 9 and len(unfreeze_units(r20, "M")) == 3
     assert with_projection_head(r20).groups[-4:] == ("layer3_2", "l1", "l2", "l3")  # fc dropped

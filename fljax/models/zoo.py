@@ -140,7 +140,7 @@ _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None
                                                 num_classes=classes, conv_impl=impl), (13, 13)),
     "standard_cnn": (lambda classes, impl: ConvNet(channels=(64, 64), hidden=(384, 192),
                                                    num_classes=classes, conv_impl=impl), (13, 13)),
-    "tiny_cnn": (lambda classes, impl: ConvNet(channels=(64, 64, 64), hidden=(384, 192),
+    "tiny_cnn": (lambda classes, impl: ConvNet(channels=(64, 64, 64), hidden=(256, 128),
                                                num_classes=classes, conv_impl=impl), (36, 36)),
     "emnist_cnn": (lambda classes, impl: ConvNet(channels=(32, 64), hidden=(),
                                                  num_classes=classes, conv_impl=impl), (16, 16)),
@@ -192,8 +192,9 @@ def make_model(name: str, input_shape, num_classes: int,
       each hidden layer (a small model with state, e.g. for FedBN on vectors).
     - ``small_cnn``: conv5x5-16, pool, conv5x5-32, pool, fc128, fc (the 28x28 benchmark CNN).
     - ``standard_cnn``: conv5x5-64, pool, conv5x5-64, pool, fc384, fc192, fc (FedDyn / FedBug).
-    - ``tiny_cnn``: standard_cnn with a third conv5x5-64 + pool (FedBug's Tiny-ImageNet CNN:
-      "three convolutional layers followed by three fully connected layers"; 64x64 -> 4x4x64).
+    - ``tiny_cnn``: conv5x5-64 + pool three times, fc256, fc128, fc (FedBug's Tiny-ImageNet CNN:
+      "three convolutional layers followed by three fully connected layers"; 64x64 -> 4x4x64;
+      the widths of the official code's ``Linear(64*4*4, 256)``, ``Linear(256, 128)``).
     - ``emnist_cnn``: conv5x5-32, pool, conv5x5-64, pool, fc (FedGA's ``cnn_mnist``; 100,271
       parameters for EMNIST-balanced's 47 classes).
     - ``resnet18_gn`` / ``resnet34_gn``: torchvision ImageNet-style ResNet-18/34 with
