@@ -47,6 +47,18 @@ def test_cells_apply_base_row_column_scale_in_order(tmp_path):
     assert {(c.seed, c.config.rounds) for c in base} == {(5, 2)}
 
 
+def test_a_rows_cells_set_values_of_one_cell_over_its_column(tmp_path):
+    spec = {**SPEC, "rows": {"IID": {"partition": "iid", "cells": {"A": {"lr": 0.3}}},
+                             "Dir": SPEC["rows"]["Dir"]}}
+    lrs = {(c.row, c.column): c.config.lr for c in sweep.cells(spec, "small", str(tmp_path))}
+    assert lrs == {("IID", "A"): 0.3, ("IID", "B->A"): 0.2, ("Dir", "A"): 0.2,
+                   ("Dir", "B->A"): 0.2}
+    assert spec["rows"]["IID"]["cells"] == {"A": {"lr": 0.3}}      # the spec is not changed
+    bad = {**SPEC, "rows": {"IID": {"cells": {"C": {"lr": 0.3}}}}}
+    with pytest.raises(FljaxError, match="row 'IID': 'cells' must be an object of column name"):
+        sweep.cells(bad, None, str(tmp_path))
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(rows={}), "'rows' must be a non-empty object"),
     (dict(columns={"a/b": {}}), "may hold only"),

@@ -19,6 +19,7 @@ from fljax.runner.arguments import check_kwargs, settable
 from fljax.core.asynchronous import Asynchrony, check_asynchrony
 from fljax.population.clock import Clock, make_clock
 from fljax.data.augment import AUGMENTATIONS
+from fljax.data.noise import CLASS_NOISE_READINGS
 from fljax.core.engine import AGGREGATIONS, PARTICIPATIONS
 from fljax.data.users import held_out
 from fljax.errors import FljaxError
@@ -95,9 +96,13 @@ class ExperimentConfig:
     client_noise: float = option(0.0, "data", "FedInit's client-based bias: client i's images "
                                  "have channel c scaled by 1 + sigma e_ic, e ~ N(0, 1) drawn per "
                                  "run (fljax.data.noise; 0: none)")
-    class_noise: float = option(0.0, "data", "FedInit's category-based bias: every image of "
-                                "class k (train, validation and test) brightened by sigma b_k, "
-                                "b ~ N(0, 1) drawn per run (0: none)")
+    class_noise: float = option(0.0, "data", "FedInit's category-based bias: client i's "
+                                "training images of class k brightened by sigma b_ik, b ~ N(0, "
+                                "1) drawn per run (0: none; class_noise_reading)")
+    class_noise_reading: str = option("per_client", "data", "class_noise's reading: per_client "
+                                      "(an offset per client and class, on the clients' training "
+                                      "copies only) or shared (one offset per class, the same "
+                                      "for every client, on training, validation and test images)")
     augment: str = option("none", "data", "augmentation of the training batches: none, "
                           "flip_crop (the FedDyn code's CIFAR flip + pad-4 crop) or flip (flips "
                           "only: FedBug on Tiny-ImageNet)")
@@ -325,6 +330,15 @@ class ExperimentConfig:
         for name in ("client_noise", "class_noise"):
             if getattr(self, name) < 0:
                 raise FljaxError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.class_noise_reading not in CLASS_NOISE_READINGS:
+            raise FljaxError(f"class_noise_reading must be one of {CLASS_NOISE_READINGS}, got "
+                             f"{self.class_noise_reading!r}")
+        if self.class_noise > 0 and self.class_noise_reading == "per_client" and \
+                self.user_test_fraction > 0:
+            raise FljaxError(f"class_noise (reading per_client) copies each client's training "
+                             f"images; per-user validation and test sets (user_test_fraction="
+                             f"{self.user_test_fraction}) are not copied: use one of the two, or "
+                             f"class_noise_reading shared")
         if self.client_noise > 0 and self.user_test_fraction > 0:
             raise FljaxError(f"client_noise copies each client's training images; per-user "
                              f"validation and test sets (user_test_fraction="

@@ -242,7 +242,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                   else None)
     source = (config.dataset, config.data_dir, config.num_clients,
               config.seed if loaders.depends_on_seed(config.dataset) or noisy else None,
-              config.client_noise, config.class_noise, user_split)
+              config.client_noise, config.class_noise, config.class_noise_reading, user_split)
     if ("dataset", source) not in shared:
         shared["dataset", source] = with_class_noise(loaders.load_dataset(
             config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
@@ -273,11 +273,15 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "
                              f"{len(parts)} existing users (num_clients={config.num_clients} "
                              f"less the new_users={config.new_users} held out)")
-    if config.client_noise > 0:               # each client its own copies (fljax.data.noise)
+    per_client_class = config.class_noise > 0 and config.class_noise_reading == "per_client"
+    if config.client_noise > 0 or per_client_class:   # each client its own copies (data.noise)
         e, _ = noise.draws(config.num_clients, dataset.num_classes, dataset.x_train.shape[-1],
                            config.seed)
+        offsets = (config.class_noise * noise.client_class_draws(
+            config.num_clients, dataset.num_classes, config.seed) if per_client_class else None)
         data = federate(*noise.scale_clients(dataset.x_train, dataset.y_train, parts,
-                                             1 + config.client_noise * e), dataset.num_classes)
+                                             1 + config.client_noise * e, offsets),
+                        dataset.num_classes)
     elif ("examples", source) in shared:      # the examples on the device once, every split
         data = with_parts(shared["examples", source], parts)
     else:
@@ -339,11 +343,12 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
 
 def with_class_noise(dataset: Dataset, config: ExperimentConfig) -> Dataset:
     """The dataset with FedInit's category-based bias (``class_noise``) on its training and test
-    images; unchanged without. With ``client_noise``, checks that its inputs are images."""
+    images in the reading 'shared'; unchanged without it or in the reading 'per_client' (applied
+    to the clients' copies in ``build``). With either noise, checks that its inputs are images."""
     for name in ("client_noise", "class_noise"):
         if getattr(config, name) > 0:
             noise.check_images(dataset.x_train, config.dataset, name)
-    if config.class_noise == 0:
+    if config.class_noise == 0 or config.class_noise_reading != "shared":
         return dataset
     _, b = noise.draws(config.num_clients, dataset.num_classes, dataset.x_train.shape[-1],
                        config.seed)

@@ -4,7 +4,10 @@ A sweep file::
 
     {"title": "...",
      "base": {ExperimentConfig values shared by every run},
-     "rows": {"row name": {values}, ...},            e.g. data settings
+     "rows": {"row name": {values}, ...},            e.g. data settings; a row's "cells":
+                                                     {"column name": {values}} sets values of
+                                                     that row's cell in that column only (they
+                                                     override the column's)
      "columns": {"column name": {values}, ...},      e.g. methods
      "seeds": [0, 1, 2],
      "target_accuracy": 0.67,                        optional: report rounds, bytes, FLOPs
@@ -229,9 +232,16 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     for row, row_values in sweep["rows"].items():
         if rows and row not in rows:
             continue
+        row_values = dict(row_values)
+        per_cell = row_values.pop("cells", {})
+        if not isinstance(per_cell, dict) or set(per_cell) - set(sweep["columns"]):
+            raise FljaxError(f"row {row!r}: 'cells' must be an object of column name -> values "
+                             f"naming columns of the sweep ({list(sweep['columns'])}), got "
+                             f"{per_cell!r}")
         for column, column_values in sweep["columns"].items():
             layers = [sweep.get("base", {}), overrides.get("base", {}), row_values,
-                      overrides.get(row, {}), column_values, overrides.get(column, {})]
+                      overrides.get(row, {}), column_values, overrides.get(column, {}),
+                      per_cell.get(column, {})]
             # A later layer overrides an earlier one, whichever name of a field each uses (its
             # local_steps turns an earlier local_epochs off, and vice versa); grids merge key by
             # key (a later level's key replaces that key's values, null drops it).
