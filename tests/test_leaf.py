@@ -141,6 +141,44 @@ def test_natural_users_train_end_to_end_from_the_cli(tmp_path):
     assert all(0 <= c < 8 for r in rounds for c in r["clients"])
 
 
+def test_sample_users_gives_exactly_the_clients_the_config_asks_for(tmp_path, capsys):
+    """LEAF's sampled output (train/test folders, writers in files of 100 as LEAF writes them)
+    with more writers than the federation: sample_users keeps exactly num_clients of them, the
+    same ones for every run seed; fewer writers than asked is one line."""
+    rng = np.random.default_rng(0)
+    users = {f"f{k:04d}_{k % 7:02d}": (rng.random((3 + k % 4, 784)).tolist(),
+                                       rng.integers(0, 62, 3 + k % 4).tolist())
+             for k in range(23)}
+    write_leaf(str(tmp_path / "femnist"), {n: (x[1:], y[1:]) for n, (x, y) in users.items()},
+               "train", users_per_file=10)
+    write_leaf(str(tmp_path / "femnist"), {n: (x[:1], y[:1]) for n, (x, y) in users.items()},
+               "test", users_per_file=10)
+    whole = load_dataset("leaf/femnist", data_dir=str(tmp_path / "femnist"))
+    assert len(np.unique(whole.user_train)) == 23
+    kept = load_dataset("leaf/femnist", data_dir=str(tmp_path / "femnist"), sample_users=20)
+    again = load_dataset("leaf/femnist", data_dir=str(tmp_path / "femnist"), sample_users=20,
+                         seed=7)
+    assert np.array_equal(np.unique(kept.user_train), np.arange(20))
+    np.testing.assert_array_equal(kept.x_train, again.x_train)
+    # every kept writer's examples are its own, unchanged: each kept row is a row of the whole
+    whole_rows = {row.tobytes() for row in whole.x_train}
+    assert all(row.tobytes() in whole_rows for row in kept.x_train) and len(kept.y_train) < len(
+        whole.y_train)
+    out = tmp_path / "run"
+    flags = ["--dataset", "leaf/femnist", "--data-dir", str(tmp_path / "femnist"),
+             "--partition", "natural", "--num-clients", "20", "--clients-per-round", "4",
+             "--model", "mlp", "--batch-size", "2", "--rounds", "2", "--quiet"]
+    assert main([*flags, "--sample-users", "20", "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*flags, "--out-dir", str(tmp_path / "r2")]) == 2      # 23 writers, 20 clients
+    assert "num_clients must be the dataset's 23 users, got 20" in capsys.readouterr().err
+    assert main([*flags, "--sample-users", "30", "--out-dir", str(tmp_path / "r3")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sample_users=30 asks for more users than" in err
+    with pytest.raises(FljaxError, match="sample_users draws users of a LEAF dataset"):
+        load_dataset("digits", sample_users=3)
+
+
 def user_npz(path, test_ids=True, ids=("b", "a", "c")):
     """Three users (ids given as any integers or strings) of 30 vectors each; their test
     examples' users optional."""

@@ -168,9 +168,26 @@ def _user_split(users: dict, fraction: float, seed: int) -> tuple[dict, dict]:
     return train, test
 
 
+def sample_users(users: dict, count: int, seed: int = 0) -> dict:
+    """``count`` of ``users`` ({name: data}), a seeded draw without replacement (0: all), as
+    FederatedScope's pFL-Bench takes its FEMNIST clients from LEAF's writers (200 writers,
+    ``data.subsample`` 0.05 of LEAF's files, ``federate.client_num`` 200)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise FljaxError(f"sample_users must be an integer >= 0 (0: every user), got {count!r}")
+    if count == 0:
+        return users
+    names = sorted(users)
+    if count > len(names):
+        raise FljaxError(f"sample_users={count} asks for more users than the LEAF data holds "
+                         f"({len(names)}); prepare more of the dataset (a larger LEAF --sf)")
+    chosen = np.random.default_rng([seed, 0x75736572]).choice(len(names), count, replace=False)
+    return {names[i]: users[names[i]] for i in sorted(chosen)}
+
+
 def load_leaf(directory: str, kind: str | None = None, *, test_fraction: float = 0.1,
-              seed: int = 0, vocabulary_size: int = 10000) -> Dataset:
-    """A LEAF dataset with its users (``user_train``/``user_test``), from a local directory."""
+              seed: int = 0, vocabulary_size: int = 10000, users: int = 0) -> Dataset:
+    """A LEAF dataset with its users (``user_train``/``user_test``), from a local directory;
+    ``users`` > 0 keeps that many of its users (``sample_users``, drawn with ``seed``)."""
     splits = find_splits(directory)
     if kind is None:
         found = [k for k in KINDS if k in os.path.abspath(os.path.expanduser(directory))]
@@ -182,7 +199,8 @@ def load_leaf(directory: str, kind: str | None = None, *, test_fraction: float =
         train, test = _user_split(read_users(splits["all_data"]), test_fraction, seed)
     else:
         train, test = read_users(splits["train"]), read_users(splits["test"])
-    train = {name: data for name, data in train.items() if len(data[1])}
+    train = sample_users({name: data for name, data in train.items() if len(data[1])}, users,
+                         seed)
     if not train:
         raise FljaxError(f"LEAF directory {directory!r} has no training examples")
     names = sorted(train)

@@ -254,8 +254,10 @@ def depends_on_seed(name: str) -> bool:
 
 
 def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0,
-                 user_split: tuple[float, float] | None = None) -> Dataset:
-    """A dataset by name; only tfds datasets need ``data_dir``.
+                 user_split: tuple[float, float] | None = None, sample_users: int = 0
+                 ) -> Dataset:
+    """A dataset by name; only tfds datasets need ``data_dir``. ``sample_users`` > 0 keeps that
+    many of a LEAF dataset's users (a fixed draw, the same for every run; other datasets take 0).
 
     - 'digits' -> :func:`load_digits`;
     - 'mnist1d' (4000 train / 1000 test) or 'mnist1d_N' (N train, N/4 test) -> :func:`load_mnist1d`
@@ -283,6 +285,9 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
     - any other name -> :func:`load_tfds` from ``data_dir`` (CIFAR standardized per channel and
       EMNIST balanced mapped to [-1, 1], CHANNEL_STATS).
     """
+    if sample_users and not name.startswith("leaf/"):
+        raise FljaxError(f"sample_users draws users of a LEAF dataset (leaf/KIND); dataset "
+                         f"{name!r} takes sample_users 0, got {sample_users!r}")
     if registry.registered("dataset", name):
         return own_dataset(name, registry.lookup("dataset", name), data_dir=data_dir,
                            num_clients=num_clients, seed=seed)
@@ -307,7 +312,7 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
         if data_dir is None:
             raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of the LEAF "
                              f"dataset (e.g. leaf/data/{name[5:]})")
-        dataset = load_leaf(str(data_dir), name[5:])
+        dataset = load_leaf(str(data_dir), name[5:], users=sample_users)
         if name in CHANNEL_STATS:
             dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
         return dataset

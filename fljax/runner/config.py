@@ -86,6 +86,9 @@ class ExperimentConfig:
     dirichlet_alpha: float = option(0.3, "data", "Dirichlet concentration of the label skew "
                                     "(dirichlet, dirichlet_balanced); smaller is more skewed. "
                                     "FedDyn's alpha goes in --algorithm-args", "--alpha")
+    sample_users: int = option(0, "data", "LEAF datasets: keep this many of the prepared "
+                               "data's users, a fixed seeded draw (pFL-Bench's FEMNIST: 200 "
+                               "writers); 0: every user")
     min_size: int = option(10, "data", "dirichlet: redraw until every client has at least this "
                            "many examples")
     replacement: bool = option(False, "data", "dirichlet_balanced: draw examples with "
@@ -330,6 +333,8 @@ class ExperimentConfig:
         for name in ("client_noise", "class_noise"):
             if getattr(self, name) < 0:
                 raise FljaxError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.sample_users < 0:
+            raise FljaxError(f"sample_users must be >= 0 (0: every user), got {self.sample_users}")
         if self.class_noise_reading not in CLASS_NOISE_READINGS:
             raise FljaxError(f"class_noise_reading must be one of {CLASS_NOISE_READINGS}, got "
                              f"{self.class_noise_reading!r}")

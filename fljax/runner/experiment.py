@@ -242,11 +242,12 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
                   else None)
     source = (config.dataset, config.data_dir, config.num_clients,
               config.seed if loaders.depends_on_seed(config.dataset) or noisy else None,
-              config.client_noise, config.class_noise, config.class_noise_reading, user_split)
+              config.client_noise, config.class_noise, config.class_noise_reading, user_split,
+              config.sample_users)
     if ("dataset", source) not in shared:
         shared["dataset", source] = with_class_noise(loaders.load_dataset(
             config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
-            seed=config.seed, user_split=user_split), config)
+            seed=config.seed, user_split=user_split, sample_users=config.sample_users), config)
     dataset = shared["dataset", source]
     kept, validation = np.arange(len(dataset.y_train)), None
     if config.validation_fraction > 0:
