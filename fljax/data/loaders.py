@@ -22,6 +22,7 @@ import zipfile
 import numpy as np
 
 from fljax.data.dataset import Dataset
+from fljax.data.idx import DEBIAN_FASHION_MNIST, has_idx, idx_names, load_idx_dataset
 from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
 from fljax.data.leaf import load_leaf, load_user_npz
 from fljax.data.synthetic import load_synthetic
@@ -212,6 +213,7 @@ CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
                  "imagenet_resized/32x32": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
                  "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
                  "emnist/balanced": ((0.5,), (0.5,)),
+                 "emnist_balanced": ((0.5,), (0.5,)),
                  "leaf/femnist": ((0.1307,), (0.3081,)),
                  "tiny_imagenet": ((0.4802, 0.4481, 0.3975), (0.2302, 0.2265, 0.2262))}
 
@@ -270,6 +272,11 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
     - 'tiny_imagenet' -> :func:`fljax.data.tiny_imagenet.load_tiny_imagenet` from ``data_dir``,
       the unpacked tiny-imagenet-200 folder (its labelled val split is the test split),
       standardized per channel;
+    - 'mnist', 'fashion_mnist', 'emnist_SPLIT' (balanced, letters, ...) ->
+      :func:`fljax.data.idx.load_idx_dataset` when ``data_dir`` holds their IDX files (plain or
+      gzipped; fashion_mnist without ``data_dir`` reads Debian's dataset-fashion-mnist package,
+      /usr/share/datasets/fashion-mnist, when installed); else mnist and fashion_mnist are tfds
+      datasets (below);
     - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
@@ -330,6 +337,20 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
         if os.path.isfile(name) and _has_users(name):
             return load_user_npz(name)
         return load_npz(name)
+    if idx_names(name) is not None:
+        directory = data_dir
+        if directory is None and name == "fashion_mnist" and has_idx(name, DEBIAN_FASHION_MNIST):
+            directory = DEBIAN_FASHION_MNIST
+        directory = None if directory is None else os.path.expanduser(str(directory))
+        if name.startswith("emnist_") or has_idx(name, directory):
+            if directory is None:
+                raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of NIST's "
+                                 f"EMNIST IDX files (emnist-{name[7:]}-train-images-idx3-ubyte.gz "
+                                 f"...)")
+            dataset = load_idx_dataset(name, directory)
+            if name in CHANNEL_STATS:
+                dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
+            return dataset
     if data_dir is None:
         close = registry.closest(name, OFFLINE_DATASETS + registry.names("dataset"))
         raise FljaxError(
