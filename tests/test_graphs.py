@@ -13,7 +13,7 @@ from fljax import algorithms
 from fljax.runner.cli import main
 from fljax.data.federated import federate
 from fljax.data.graphs import (Graph, federated_graph_dataset, load_planetoid,
-                               louvain_communities, louvain_split)
+                               _undirected, louvain_communities, louvain_split)
 from fljax.core.engine import make_round
 from fljax.errors import FljaxError
 from fljax.models.evaluate import make_evaluator
@@ -225,3 +225,21 @@ def test_planetoid_new_and_existing_users_from_the_cli(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     final = [r for r in records if r["kind"] == "eval"][-1]
     assert 0 <= final["new_test_acc"] <= 1 and 0 <= final["existing_test_acc"] <= 1
+
+
+def test_louvain_is_python_louvains_best_partition():
+    """FederatedScope's communities: community.best_partition on the networkx graph, same seed."""
+    import community
+    import networkx as nx
+
+    rng = np.random.default_rng(5)
+    n = 60
+    edges = rng.integers(0, n, (2, 240))
+    senders, receivers = _undirected(edges[0], edges[1], n)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((int(s), int(r)) for s, r in zip(senders, receivers) if s < r)
+    for seed in (0, 1, 7):
+        expected = community.best_partition(graph, resolution=1.0, random_state=seed)
+        found = louvain_communities(n, senders, receivers, seed=seed)
+        assert found.tolist() == [expected[v] for v in range(n)]
