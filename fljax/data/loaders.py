@@ -27,6 +27,7 @@ from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
 from fljax.data.leaf import load_leaf, load_user_npz
 from fljax.data.synthetic import load_synthetic
 from fljax.data.text import load_sst2
+from fljax.data.tff import TFF_DATASETS, load_tff
 from fljax.data.tiny_imagenet import load_tiny_imagenet
 from fljax.data.tfds_files import first_line, open_split, prepare_hint, read_split
 from fljax import registry
@@ -277,6 +278,9 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
       gzipped; fashion_mnist without ``data_dir`` reads Debian's dataset-fashion-mnist package,
       /usr/share/datasets/fashion-mnist, when installed); else mnist and fashion_mnist are tfds
       datasets (below);
+    - 'tff_emnist', 'tff_emnist_digits', 'tff_shakespeare', 'tff_cifar100' (fine labels),
+      'tff_cifar100_coarse' -> :func:`fljax.data.tff.load_tff`: TensorFlow Federated's HDF5
+      files in ``data_dir``, clients as users (partition natural); CIFAR standardized per channel;
     - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
@@ -331,6 +335,11 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
         dataset, _ = federated_graph_dataset(graph, num_clients, seed=seed,
                                              split=SPLITS[name[10:]], user_split=user_split)
         return dataset._replace(name=name)
+    if name in TFF_DATASETS:
+        dataset = load_tff(name, data_dir)
+        if name.startswith("tff_cifar100"):
+            dataset = normalize_channels(dataset, *CHANNEL_STATS["cifar100"])
+        return dataset
     if name == "tiny_imagenet":
         return normalize_channels(load_tiny_imagenet(data_dir), *CHANNEL_STATS[name])
     if name.endswith(".npz"):
