@@ -1,4 +1,4 @@
-"""Classification datasets as numpy arrays; fljax never downloads anything.
+"""Classification datasets as numpy arrays; fljax downloads nothing unless asked (``--download``).
 
 * ``digits``: scikit-learn's 8x8 digits, shipped inside scikit-learn (offline, 1797 images).
 * ``mnist1d``, ``mnist1d_N``: MNIST-1D (Greydanus, 2020), 1-D signals generated offline by the
@@ -122,16 +122,22 @@ def load_tfds(
     image_key: str = "image",
     label_key: str = "label",
     normalize: bool = True,
+    download: bool = False,
 ) -> Dataset:
-    """Read a tensorflow-datasets dataset already prepared (array_record) in ``data_dir``.
+    """Read a tensorflow-datasets dataset prepared (array_record) in ``data_dir``.
 
-    Never downloads: a missing dataset raises FljaxError saying how to prepare it. uint8 images
+    Downloads only with ``download`` (the ``--download`` flag): then a dataset not prepared
+    there is downloaded and prepared by its tfds builder (``download_and_prepare``, array_record
+    format) first; without it a missing dataset raises FljaxError saying how to prepare it and
+    naming ``--download``. uint8 images
     become float32 in [0, 1] when ``normalize``; [N, H, W] images get a channel axis.
     ``num_classes`` comes from the label feature, else from the largest label + 1.
     """
     if data_dir is None:
         raise FljaxError(f"dataset {name!r} needs data_dir, the directory holding the prepared tfds data")
     data_dir = os.fspath(data_dir)
+    if download:
+        download_and_prepare(name, data_dir)
     if not os.path.isdir(data_dir):
         raise FljaxError(
             f"dataset {name!r} is not prepared in '{data_dir}' (no such directory); "
@@ -156,6 +162,22 @@ def load_tfds(
     if not num_classes:
         num_classes = int(max(y_train.max(), y_test.max())) + 1
     return Dataset(name, x_train, y_train, x_test, y_test, num_classes)
+
+
+def download_and_prepare(name: str, data_dir: str) -> None:
+    """Let tfds download and prepare dataset ``name`` in ``data_dir`` (array_record) unless it is
+    prepared there already; a failure is a one-line FljaxError."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        if not builder.is_prepared():
+            builder.download_and_prepare()
+    except FljaxError:
+        raise
+    except Exception as err:     # unknown name, no network, a missing tfds dependency ...
+        raise FljaxError(f"--download could not prepare dataset {name!r} in '{data_dir}': "
+                         f"{first_line(err)}") from None
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -257,8 +279,10 @@ def depends_on_seed(name: str) -> bool:
 
 
 def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0,
-                 user_split: tuple[float, float] | None = None) -> Dataset:
-    """A dataset by name; only tfds datasets need ``data_dir``.
+                 user_split: tuple[float, float] | None = None, download: bool = False
+                 ) -> Dataset:
+    """A dataset by name; only tfds datasets need ``data_dir``; only tfds datasets download, and
+    only with ``download``.
 
     - 'digits' -> :func:`load_digits`;
     - 'mnist1d' (4000 train / 1000 test) or 'mnist1d_N' (N train, N/4 test) -> :func:`load_mnist1d`
@@ -368,7 +392,7 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
             f"your own: an import path 'module:loader', a name given to "
             f"fljax.register_dataset, or an .npz file")
     dataset = load_tfds(name, data_dir=os.path.expanduser(str(data_dir)),
-                        test_split=TEST_SPLITS.get(name, "test"))
+                        test_split=TEST_SPLITS.get(name, "test"), download=download)
     if name in CHANNEL_STATS:
         dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
     return dataset

@@ -53,7 +53,7 @@ LOCAL_WORK = ("local_steps", "local_epochs")
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
                                "keep_checkpoints", "client_chunk", "unroll", "num_devices",
                                "target_accuracy", "coordinator_address", "num_processes",
-                               "process_id",
+                               "process_id", "download",
                                "imports"})   # where registered names came from (record)
 
 
@@ -85,6 +85,9 @@ class ExperimentConfig:
     data_dir: str | None = option(None, "data", "directory of the dataset's files: prepared "
                                   "tensorflow-datasets data, IDX files, TFF .h5 files or a LEAF "
                                   "dataset (fljax downloads nothing unless --download)")
+    download: bool = option(False, "data", "let tensorflow-datasets download and prepare a "
+                            "tfds dataset missing from --data-dir (network; off: a missing "
+                            "dataset is an error saying how to prepare it)")
     partition: str = option("dirichlet", "data", "how the training set is split among the "
                             f"clients: one of {', '.join(PARTITIONS)} (natural: one client per "
                             "user, for datasets with users)")
