@@ -11,7 +11,7 @@ downloads; the archives are at ``https://storage.googleapis.com/tff-datasets-pub
   [0, 1] (kept as stored), ``label`` [n]: 62 classes (10 digits-only). 3,400 (3,383) writers.
 - ``tff_shakespeare`` (``shakespeare_{train,test}.h5``; ``shakespeare.tar.bz2``): 715 speaking
   roles; ``snippets`` [n] byte strings, each a role's line(s). A snippet becomes characters in
-  LEAF's 80-letter vocabulary (:data:`fljax.data.leaf.LETTERS`; outside it: the space) cut as
+  LEAF's 80-letter vocabulary (``fljax.data.leaf.LETTERS``; outside it: the space) cut as
   TFF's Shakespeare baseline cuts it, into blocks of 81 characters (the last one shorter), and
   each block one example: x [80] its first 80 characters, y [80] the next character at every
   position (``y[t] = block[t + 1]``), as fljax's LEAF Shakespeare reader trains; positions past

@@ -75,16 +75,16 @@ class ExperimentConfig:
                           "'leaf/femnist', 'leaf/shakespeare', 'leaf/sent140', 'leaf/synthetic' "
                           "(LEAF JSON in --data-dir, natural users); 'tff_emnist', "
                           "'tff_emnist_digits', 'tff_shakespeare', 'tff_cifar100', "
-                          "'tff_cifar100_coarse' (TensorFlow Federated's .h5 files in "
-                          "--data-dir, natural users); 'mnist', 'fashion_mnist', "
-                          "'emnist_SPLIT' (IDX files in --data-dir; fashion_mnist without it: "
-                          "Debian's dataset-fashion-mnist); a tfds name prepared in --data-dir; "
+                          "'tff_cifar100_coarse' (TensorFlow Federated's .h5 files in the "
+                          "data directory, natural users); 'mnist', 'fashion_mnist', "
+                          "'emnist_SPLIT' (IDX files in the data directory; fashion_mnist "
+                          "without one: Debian's package's files); a tfds name prepared there; "
                           "or an .npz file holding x_train, y_train, "
                           "x_test, y_test (and client_id_train, optionally client_id_test: users, "
                           "split with --partition natural)")
     data_dir: str | None = option(None, "data", "directory of the dataset's files: prepared "
-                                  "tensorflow-datasets data, IDX files, TFF .h5 files or a LEAF "
-                                  "dataset (fljax downloads nothing unless --download)")
+                                  "tfds data, IDX files, TFF .h5 files or a LEAF dataset (fljax "
+                                  "downloads nothing unless --download)")
     download: bool = option(False, "data", "let tensorflow-datasets download and prepare a "
                             "tfds dataset missing from --data-dir (network; off: a missing "
                             "dataset is an error saying how to prepare it)")
