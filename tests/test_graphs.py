@@ -243,3 +243,41 @@ def test_louvain_is_python_louvains_best_partition():
         expected = community.best_partition(graph, resolution=1.0, random_state=seed)
         found = louvain_communities(n, senders, receivers, seed=seed)
         assert found.tolist() == [expected[v] for v in range(n)]
+
+
+def federatedscope_split(partition, num_nodes, num_clients, delta):
+    """FederatedScope's LouvainSplitter grouping, restated with dicts as it is written: communities
+    in order of first appearance, each cut from the front into pieces of V/C - delta nodes (the
+    cut pieces appended after every community), a stable largest-first sort, then round-robin
+    under V/C + delta nodes per client."""
+    groups = {}
+    for node in sorted(partition):
+        groups.setdefault(partition[node], []).append(node)
+    limit, cap = num_nodes // num_clients - delta, num_nodes // num_clients + delta
+    cut = {}
+    for key in list(groups):
+        while len(groups[key]) > limit:
+            cut[len(groups) + len(cut) + 1], groups[key] = groups[key][:limit], groups[key][limit:]
+    groups.update(cut)
+    clients, i = [[] for _ in range(num_clients)], 0
+    for nodes in sorted(groups.values(), key=len, reverse=True):
+        while len(nodes) + len(clients[i]) > cap:
+            i = (i + 1) % num_clients
+        clients[i] += nodes
+        i = (i + 1) % num_clients
+    return clients
+
+
+def test_louvain_split_is_federatedscopes_grouping():
+    import community
+    import networkx as nx
+
+    graph = cliques(sizes=(12, 7, 9, 5, 9, 3, 14, 4))
+    nxg = nx.Graph()
+    nxg.add_nodes_from(range(len(graph.y)))
+    nxg.add_edges_from((int(s), int(r)) for s, r in zip(graph.senders, graph.receivers) if s < r)
+    for seed, clients, delta in ((0, 3, 10), (4, 3, 10), (1, 4, 5), (2, 2, 20)):
+        expected = federatedscope_split(
+            community.best_partition(nxg, random_state=seed), len(graph.y), clients, delta)
+        found = louvain_split(graph, num_clients=clients, seed=seed, delta=delta)
+        assert [p.tolist() for p in found] == [sorted(c) for c in expected]

@@ -117,7 +117,7 @@ def load_planetoid(name: str, data_dir: str) -> Graph:
 
 def louvain_communities(num_nodes: int, senders: np.ndarray, receivers: np.ndarray,
                         seed: int = 0, resolution: float = 1.0) -> np.ndarray:
-    """Each node's community (0..K-1, numbered in order of their smallest node) by python-louvain's
+    """Each node's community (0..K-1, best_partition's numbers) by python-louvain's
     ``community.best_partition`` (Blondel et al. 2008), as FederatedScope's ``LouvainSplitter``
     calls it: on the undirected networkx graph of nodes 0..V-1 whose edges are added in
     PyG's ``to_networkx`` order (each edge once, lower id first, sorted), resolution 1 (its
@@ -151,11 +151,12 @@ def louvain_split(graph: Graph, num_clients: int, seed: int = 0, delta: int = 20
     communities = louvain_communities(num_nodes, graph.senders, graph.receivers, seed)
     max_piece = max(num_nodes // num_clients - delta, 1)
     most = num_nodes // num_clients + delta
-    # FederatedScope's order: each community's last piece (its nodes after the cut ones) in
-    # community order, then the cut pieces of max_piece nodes in the order they were cut; then a
-    # stable sort, largest first
+    # FederatedScope's order: each community's last piece (its nodes after the cut ones), the
+    # communities in order of their smallest node (its dict of them fills in node order), then
+    # the cut pieces of max_piece nodes in the order they were cut; a stable sort, largest first
+    labels, first = np.unique(communities, return_index=True)
     kept, cut = [], []
-    for c in range(int(communities.max()) + 1):
+    for c in labels[np.argsort(first)]:
         members = np.flatnonzero(communities == c)
         while len(members) > max_piece:
             cut.append(members[:max_piece])
