@@ -13,7 +13,7 @@ from fljax import algorithms
 from fljax.runner.cli import main
 from fljax.data.federated import federate
 from fljax.data.graphs import (Graph, federated_graph_dataset, load_planetoid,
-                               louvain_communities, louvain_split)
+                               _undirected, louvain_communities, louvain_split)
 from fljax.core.engine import make_round
 from fljax.errors import FljaxError
 from fljax.models.evaluate import make_evaluator
@@ -225,3 +225,59 @@ def test_planetoid_new_and_existing_users_from_the_cli(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     final = [r for r in records if r["kind"] == "eval"][-1]
     assert 0 <= final["new_test_acc"] <= 1 and 0 <= final["existing_test_acc"] <= 1
+
+
+def test_louvain_is_python_louvains_best_partition():
+    """FederatedScope's communities: community.best_partition on the networkx graph, same seed."""
+    import community
+    import networkx as nx
+
+    rng = np.random.default_rng(5)
+    n = 60
+    edges = rng.integers(0, n, (2, 240))
+    senders, receivers = _undirected(edges[0], edges[1], n)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((int(s), int(r)) for s, r in zip(senders, receivers) if s < r)
+    for seed in (0, 1, 7):
+        expected = community.best_partition(graph, resolution=1.0, random_state=seed)
+        found = louvain_communities(n, senders, receivers, seed=seed)
+        assert found.tolist() == [expected[v] for v in range(n)]
+
+
+def federatedscope_split(partition, num_nodes, num_clients, delta):
+    """FederatedScope's LouvainSplitter grouping, restated with dicts as it is written: communities
+    in order of first appearance, each cut from the front into pieces of V/C - delta nodes (the
+    cut pieces appended after every community), a stable largest-first sort, then round-robin
+    under V/C + delta nodes per client."""
+    groups = {}
+    for node in sorted(partition):
+        groups.setdefault(partition[node], []).append(node)
+    limit, cap = num_nodes // num_clients - delta, num_nodes // num_clients + delta
+    cut = {}
+    for key in list(groups):
+        while len(groups[key]) > limit:
+            cut[len(groups) + len(cut) + 1], groups[key] = groups[key][:limit], groups[key][limit:]
+    groups.update(cut)
+    clients, i = [[] for _ in range(num_clients)], 0
+    for nodes in sorted(groups.values(), key=len, reverse=True):
+        while len(nodes) + len(clients[i]) > cap:
+            i = (i + 1) % num_clients
+        clients[i] += nodes
+        i = (i + 1) % num_clients
+    return clients
+
+
+def test_louvain_split_is_federatedscopes_grouping():
+    import community
+    import networkx as nx
+
+    graph = cliques(sizes=(12, 7, 9, 5, 9, 3, 14, 4))
+    nxg = nx.Graph()
+    nxg.add_nodes_from(range(len(graph.y)))
+    nxg.add_edges_from((int(s), int(r)) for s, r in zip(graph.senders, graph.receivers) if s < r)
+    for seed, clients, delta in ((0, 3, 10), (4, 3, 10), (1, 4, 5), (2, 2, 20)):
+        expected = federatedscope_split(
+            community.best_partition(nxg, random_state=seed), len(graph.y), clients, delta)
+        found = louvain_split(graph, num_clients=clients, seed=seed, delta=delta)
+        assert [p.tolist() for p in found] == [sorted(c) for c in expected]

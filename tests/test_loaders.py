@@ -174,3 +174,41 @@ def test_emnist_balanced_is_normalized_to_minus_one_one_as_in_the_fedga_code(tmp
     np.testing.assert_allclose(ds.x_test, raw.x_test / 127.5 - 1.0, rtol=1e-6, atol=1e-6)
     assert -1.0 <= ds.x_train.min() < 0.0 < ds.x_train.max() <= 1.0
     assert no_network == []
+
+
+def test_download_only_with_the_flag(tmp_path, monkeypatch, no_network):
+    calls = []
+    original = FljaxTinyImages.download_and_prepare
+
+    def recorded(self, *args, **kwargs):
+        calls.append((self.name, self.data_dir))
+        return original(self, *args, **kwargs)     # this builder generates its data offline
+
+    monkeypatch.setattr(FljaxTinyImages, "download_and_prepare", recorded)
+    with pytest.raises(FljaxError) as info:                   # without --download: the error
+        load_dataset("fljax_tiny_images", data_dir=tmp_path)
+    assert "--download" in str(info.value) and "\n" not in str(info.value)
+    assert calls == [] and list(tmp_path.iterdir()) == []
+    ds = load_dataset("fljax_tiny_images", data_dir=tmp_path, download=True)
+    assert len(calls) == 1 and calls[0][0] == "fljax_tiny_images"
+    assert str(tmp_path) in calls[0][1] and ds.x_train.shape == (10, 8, 8, 1)
+    load_dataset("fljax_tiny_images", data_dir=tmp_path, download=True)
+    assert len(calls) == 1                                    # prepared: not again
+    # the flag reaches the loader from the command line
+    from fljax.runner.cli import main
+    other = tmp_path / "other"
+    code = main(["--dataset", "fljax_tiny_images", "--data-dir", str(other), "--download",
+                 "--model", "mlp", "--num-clients", "2", "--clients-per-round", "2",
+                 "--partition", "iid", "--rounds", "1", "--batch-size", "2", "--local-steps",
+                 "1", "--quiet", "--out-dir", str(tmp_path / "run")])
+    assert code == 0 and len(calls) == 2 and str(other) in calls[1][1]
+    assert no_network == []
+
+
+def test_download_asks_the_tfds_builder(tmp_path, monkeypatch, no_network):
+    calls = []
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare",
+                        lambda self, *a, **k: calls.append(self.name))
+    with pytest.raises(FljaxError, match="not prepared"):   # the recorder prepared nothing
+        load_dataset("mnist", data_dir=tmp_path, download=True)
+    assert calls == ["mnist"] and no_network == []

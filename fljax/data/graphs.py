@@ -3,18 +3,17 @@ local directory, a Louvain community split into clients, each client one example
 
 * ``load_planetoid``: the raw Planetoid files (Kipf & Welling's ``ind.NAME.*`` pickles) or an
   ``.npz`` with ``x``, ``y``, ``edge_index``.
-* ``louvain_communities``: Louvain modularity optimisation (Blondel et al. 2008): move single
-  nodes to the neighbouring community of largest modularity gain until none gains, then merge
-  communities into nodes and repeat.
+* ``louvain_communities``: Louvain modularity optimisation (Blondel et al. 2008) by
+  python-louvain's ``community.best_partition``, called as FederatedScope calls it.
 * ``louvain_split``: FederatedScope's ``LouvainSplitter``: communities larger than
   V/C - delta are cut into pieces of that size; pieces, largest first, go round-robin to the
   clients, skipping a client that would exceed V/C + delta.
 * ``federated_graph_dataset``: a Dataset with one example per client, its subgraph (edges inside
   the client), padded to the largest client; labels -1 where a node is not scored.
 
-Exact vs approximate (docs/guides/data.md): the split rule and GIN follow FederatedScope; the
-Louvain pass is fljax's own implementation (python-louvain's visiting order and tie-breaking differ,
-so the communities, hence the clients, are not node-for-node FederatedScope's); the node split is
+Exact vs approximate (docs/guides/data.md): the Louvain communities (python-louvain, FederatedScope's
+library, resolution 1, seeded by the run's seed), the split rule and GIN follow FederatedScope, so
+the clients are FederatedScope's when its numpy generator is in the seeded state; the node split is
 FederatedScope's random Planetoid split for PubMed (3,943 train nodes per class, 3,943 val, the rest
 test) drawn with fljax's generator.
 """
@@ -116,54 +115,30 @@ def load_planetoid(name: str, data_dir: str) -> Graph:
     return Graph(x, y.astype(np.int32), senders, receivers, int(y.max()) + 1)
 
 
-def _one_level(n: int, src, dst, w, rng) -> np.ndarray:
-    """Louvain's local moving on a weighted graph (each undirected edge listed both ways, self
-    loops once per direction): node i moves to the neighbouring community C of largest gain
-    k_i,C - tot_C k_i / 2m (the modularity gain times m) while any node moves."""
-    order = np.argsort(src, kind="stable")
-    src, dst, w = src[order], dst[order], w[order]
-    starts = np.searchsorted(src, np.arange(n + 1))
-    degree = np.bincount(src, weights=w, minlength=n)
-    two_m = degree.sum()
-    community = np.arange(n)
-    total = degree.copy()
-    moved_any, moved = False, True
-    while moved:
-        moved = False
-        for i in rng.permutation(n):
-            lo, hi = starts[i], starts[i + 1]
-            others = dst[lo:hi] != i
-            neighbours, weights = community[dst[lo:hi][others]], w[lo:hi][others]
-            own = community[i]
-            total[own] -= degree[i]
-            candidates, inverse = np.unique(np.append(neighbours, own), return_inverse=True)
-            links = np.bincount(inverse[:-1], weights=weights, minlength=len(candidates))
-            gains = links - total[candidates] * degree[i] / two_m
-            best = candidates[np.argmax(gains)]
-            if gains[np.argmax(gains)] > gains[np.searchsorted(candidates, own)] + 1e-12:
-                community[i], moved, moved_any = best, True, True
-            total[community[i]] += degree[i]
-    return community if moved_any else None
-
-
 def louvain_communities(num_nodes: int, senders: np.ndarray, receivers: np.ndarray,
-                        seed: int = 0) -> np.ndarray:
-    """Each node's community (0..K-1) by Louvain modularity optimisation: local moving, then the
-    communities become the nodes of a weighted graph, until a level moves no node."""
-    rng = np.random.default_rng(seed)
-    node_of = np.arange(num_nodes)
-    src, dst = np.asarray(senders, np.int64), np.asarray(receivers, np.int64)
-    weights, n = np.ones(len(src)), num_nodes
-    while True:
-        community = _one_level(n, src, dst, weights, rng)
-        if community is None:
-            break
-        _, community = np.unique(community, return_inverse=True)
-        node_of = community[node_of]
-        n = int(community.max()) + 1
-        codes, inverse = np.unique(community[src] * n + community[dst], return_inverse=True)
-        src, dst, weights = codes // n, codes % n, np.bincount(inverse, weights=weights)
-    return np.unique(node_of, return_inverse=True)[1]
+                        seed: int = 0, resolution: float = 1.0) -> np.ndarray:
+    """Each node's community (0..K-1, best_partition's numbers) by python-louvain's
+    ``community.best_partition`` (Blondel et al. 2008), as FederatedScope's ``LouvainSplitter``
+    calls it: on the undirected networkx graph of nodes 0..V-1 whose edges are added in
+    PyG's ``to_networkx`` order (each edge once, lower id first, sorted), resolution 1 (its
+    default); FederatedScope leaves ``random_state`` to numpy's global generator, which its runs
+    seed with the run's seed: here ``random_state=seed``, the same generator when nothing drew
+    from the global one after seeding."""
+    try:   # imported here: only graph datasets need networkx and python-louvain
+        import community as community_louvain
+        import networkx as nx
+    except ImportError:
+        raise FljaxError("graph datasets need python-louvain and networkx: pip install "
+                         "python-louvain==0.16 networkx==3.6.1") from None
+    senders, receivers = np.asarray(senders, np.int64), np.asarray(receivers, np.int64)
+    once = senders < receivers
+    order = np.lexsort((receivers[once], senders[once]))
+    graph = nx.Graph()
+    graph.add_nodes_from(range(num_nodes))
+    graph.add_edges_from(zip(senders[once][order].tolist(), receivers[once][order].tolist()))
+    partition = community_louvain.best_partition(graph, resolution=resolution,
+                                                 random_state=int(seed))
+    return np.asarray([partition[v] for v in range(num_nodes)], np.int64)
 
 
 def louvain_split(graph: Graph, num_clients: int, seed: int = 0, delta: int = 20
@@ -176,11 +151,18 @@ def louvain_split(graph: Graph, num_clients: int, seed: int = 0, delta: int = 20
     communities = louvain_communities(num_nodes, graph.senders, graph.receivers, seed)
     max_piece = max(num_nodes // num_clients - delta, 1)
     most = num_nodes // num_clients + delta
-    pieces = []
-    for c in range(int(communities.max()) + 1):
+    # FederatedScope's order: each community's last piece (its nodes after the cut ones), the
+    # communities in order of their smallest node (its dict of them fills in node order), then
+    # the cut pieces of max_piece nodes in the order they were cut; a stable sort, largest first
+    labels, first = np.unique(communities, return_index=True)
+    kept, cut = [], []
+    for c in labels[np.argsort(first)]:
         members = np.flatnonzero(communities == c)
-        pieces += [members[i:i + max_piece] for i in range(0, len(members), max_piece)]
-    pieces.sort(key=len, reverse=True)
+        while len(members) > max_piece:
+            cut.append(members[:max_piece])
+            members = members[max_piece:]
+        kept.append(members)
+    pieces = sorted(kept + cut, key=len, reverse=True)
     clients, client = [[] for _ in range(num_clients)], 0
     for piece in pieces:
         for _ in range(num_clients):

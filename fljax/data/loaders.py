@@ -1,4 +1,4 @@
-"""Classification datasets as numpy arrays; fljax never downloads anything.
+"""Classification datasets as numpy arrays; fljax downloads nothing unless asked (``--download``).
 
 * ``digits``: scikit-learn's 8x8 digits, shipped inside scikit-learn (offline, 1797 images).
 * ``mnist1d``, ``mnist1d_N``: MNIST-1D (Greydanus, 2020), 1-D signals generated offline by the
@@ -22,10 +22,12 @@ import zipfile
 import numpy as np
 
 from fljax.data.dataset import Dataset
+from fljax.data.idx import DEBIAN_FASHION_MNIST, has_idx, idx_names, load_idx_dataset
 from fljax.data.graphs import SPLITS, federated_graph_dataset, load_planetoid
 from fljax.data.leaf import load_leaf, load_user_npz
 from fljax.data.synthetic import load_synthetic
 from fljax.data.text import load_sst2
+from fljax.data.tff import TFF_DATASETS, load_tff
 from fljax.data.tiny_imagenet import load_tiny_imagenet
 from fljax.data.tfds_files import first_line, open_split, prepare_hint, read_split
 from fljax import registry
@@ -120,16 +122,22 @@ def load_tfds(
     image_key: str = "image",
     label_key: str = "label",
     normalize: bool = True,
+    download: bool = False,
 ) -> Dataset:
-    """Read a tensorflow-datasets dataset already prepared (array_record) in ``data_dir``.
+    """Read a tensorflow-datasets dataset prepared (array_record) in ``data_dir``.
 
-    Never downloads: a missing dataset raises FljaxError saying how to prepare it. uint8 images
+    Downloads only with ``download`` (the ``--download`` flag): then a dataset not prepared
+    there is downloaded and prepared by its tfds builder (``download_and_prepare``, array_record
+    format) first; without it a missing dataset raises FljaxError saying how to prepare it and
+    naming ``--download``. uint8 images
     become float32 in [0, 1] when ``normalize``; [N, H, W] images get a channel axis.
     ``num_classes`` comes from the label feature, else from the largest label + 1.
     """
     if data_dir is None:
         raise FljaxError(f"dataset {name!r} needs data_dir, the directory holding the prepared tfds data")
     data_dir = os.fspath(data_dir)
+    if download:
+        download_and_prepare(name, data_dir)
     if not os.path.isdir(data_dir):
         raise FljaxError(
             f"dataset {name!r} is not prepared in '{data_dir}' (no such directory); "
@@ -154,6 +162,22 @@ def load_tfds(
     if not num_classes:
         num_classes = int(max(y_train.max(), y_test.max())) + 1
     return Dataset(name, x_train, y_train, x_test, y_test, num_classes)
+
+
+def download_and_prepare(name: str, data_dir: str) -> None:
+    """Let tfds download and prepare dataset ``name`` in ``data_dir`` (array_record) unless it is
+    prepared there already; a failure is a one-line FljaxError."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        if not builder.is_prepared():
+            builder.download_and_prepare()
+    except FljaxError:
+        raise
+    except Exception as err:     # unknown name, no network, a missing tfds dependency ...
+        raise FljaxError(f"--download could not prepare dataset {name!r} in '{data_dir}': "
+                         f"{first_line(err)}") from None
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -212,6 +236,7 @@ CHANNEL_STATS = {"cifar10": ((0.491, 0.482, 0.447), (0.247, 0.243, 0.262)),
                  "imagenet_resized/32x32": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
                  "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
                  "emnist/balanced": ((0.5,), (0.5,)),
+                 "emnist_balanced": ((0.5,), (0.5,)),
                  "leaf/femnist": ((0.1307,), (0.3081,)),
                  "tiny_imagenet": ((0.4802, 0.4481, 0.3975), (0.2302, 0.2265, 0.2262))}
 
@@ -254,10 +279,11 @@ def depends_on_seed(name: str) -> bool:
 
 
 def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 0,
-                 user_split: tuple[float, float] | None = None, sample_users: int = 0
-                 ) -> Dataset:
-    """A dataset by name; only tfds datasets need ``data_dir``. ``sample_users`` > 0 keeps that
-    many of a LEAF dataset's users (a fixed draw, the same for every run; other datasets take 0).
+                 user_split: tuple[float, float] | None = None, download: bool = False,
+                 sample_users: int = 0) -> Dataset:
+    """A dataset by name; only tfds datasets need ``data_dir``; only tfds datasets download, and
+    only with ``download``. ``sample_users`` > 0 keeps that many of a LEAF dataset's users (a
+    fixed draw, the same for every run; other datasets take 0).
 
     - 'digits' -> :func:`load_digits`;
     - 'mnist1d' (4000 train / 1000 test) or 'mnist1d_N' (N train, N/4 test) -> :func:`load_mnist1d`
@@ -272,6 +298,14 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
     - 'tiny_imagenet' -> :func:`fljax.data.tiny_imagenet.load_tiny_imagenet` from ``data_dir``,
       the unpacked tiny-imagenet-200 folder (its labelled val split is the test split),
       standardized per channel;
+    - 'mnist', 'fashion_mnist', 'emnist_SPLIT' (balanced, letters, ...) ->
+      :func:`fljax.data.idx.load_idx_dataset` when ``data_dir`` holds their IDX files (plain or
+      gzipped; fashion_mnist without ``data_dir`` reads Debian's dataset-fashion-mnist package,
+      /usr/share/datasets/fashion-mnist, when installed); else mnist and fashion_mnist are tfds
+      datasets (below);
+    - 'tff_emnist', 'tff_emnist_digits', 'tff_shakespeare', 'tff_cifar100' (fine labels),
+      'tff_cifar100_coarse' -> :func:`fljax.data.tff.load_tff`: TensorFlow Federated's HDF5
+      files in ``data_dir``, clients as users (partition natural); CIFAR standardized per channel;
     - 'glue/sst2' -> :func:`fljax.data.text.load_sst2`: tfds from ``data_dir``, as token ids;
     - 'planetoid/NAME' (pubmed, cora, citeseer) -> Planetoid data from ``data_dir`` split into
       ``num_clients`` Louvain communities, one example (a subgraph) per client
@@ -329,12 +363,31 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
         dataset, _ = federated_graph_dataset(graph, num_clients, seed=seed,
                                              split=SPLITS[name[10:]], user_split=user_split)
         return dataset._replace(name=name)
+    if name in TFF_DATASETS:
+        dataset = load_tff(name, data_dir)
+        if name.startswith("tff_cifar100"):
+            dataset = normalize_channels(dataset, *CHANNEL_STATS["cifar100"])
+        return dataset
     if name == "tiny_imagenet":
         return normalize_channels(load_tiny_imagenet(data_dir), *CHANNEL_STATS[name])
     if name.endswith(".npz"):
         if os.path.isfile(name) and _has_users(name):
             return load_user_npz(name)
         return load_npz(name)
+    if idx_names(name) is not None:
+        directory = data_dir
+        if directory is None and name == "fashion_mnist" and has_idx(name, DEBIAN_FASHION_MNIST):
+            directory = DEBIAN_FASHION_MNIST
+        directory = None if directory is None else os.path.expanduser(str(directory))
+        if name.startswith("emnist_") or has_idx(name, directory):
+            if directory is None:
+                raise FljaxError(f"dataset {name!r} needs --data-dir, the directory of NIST's "
+                                 f"EMNIST IDX files (emnist-{name[7:]}-train-images-idx3-ubyte.gz "
+                                 f"...)")
+            dataset = load_idx_dataset(name, directory)
+            if name in CHANNEL_STATS:
+                dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
+            return dataset
     if data_dir is None:
         close = registry.closest(name, OFFLINE_DATASETS + registry.names("dataset"))
         raise FljaxError(
@@ -343,7 +396,7 @@ def load_dataset(name: str, *, data_dir=None, num_clients: int = 5, seed: int = 
             f"your own: an import path 'module:loader', a name given to "
             f"fljax.register_dataset, or an .npz file")
     dataset = load_tfds(name, data_dir=os.path.expanduser(str(data_dir)),
-                        test_split=TEST_SPLITS.get(name, "test"))
+                        test_split=TEST_SPLITS.get(name, "test"), download=download)
     if name in CHANNEL_STATS:
         dataset = normalize_channels(dataset, *CHANNEL_STATS[name])
     return dataset

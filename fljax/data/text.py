@@ -95,7 +95,7 @@ def prepared_split(data_dir: str, name: str, split: str):
     infos = glob.glob(os.path.join(data_dir, name, "*", "dataset_info.json"))
     if not infos:
         raise FljaxError(f"dataset {name!r} is not prepared in {data_dir!r} (no {name}/VERSION/"
-                         f"dataset_info.json); {prepare_hint(name, data_dir)}")
+                         f"dataset_info.json); {prepare_hint(name, data_dir, download=False)}")
     newest = max(infos, key=lambda p: tuple(int(v) for v in re.findall(r"\d+", os.path.basename(
         os.path.dirname(p)))))
     try:

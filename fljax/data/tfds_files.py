@@ -16,11 +16,14 @@ from fljax.errors import FljaxError
 READ_CHUNK = 1024   # records per read of a data source
 
 
-def prepare_hint(name: str, data_dir: str) -> str:
-    """How to prepare dataset ``name`` in ``data_dir`` (fljax never downloads)."""
+def prepare_hint(name: str, data_dir: str, download: bool = True) -> str:
+    """How to prepare dataset ``name`` in ``data_dir`` (fljax downloads only with --download;
+    ``download``: whether to name it, for the datasets its tfds loader can prepare)."""
     return (
         f"prepare it once on a machine with internet: pip install tensorflow && "
-        f"tfds build {name} --data_dir {data_dir} --file_format array_record (fljax never downloads)"
+        f"tfds build {name} --data_dir {data_dir} --file_format array_record"
+        + ("; or pass --download to let fljax download and prepare it" if download else
+           " (fljax never downloads it)")
     )
 
 

@@ -54,7 +54,7 @@ LOCAL_WORK = ("local_steps", "local_epochs")
 RESUMABLE_CHANGES = frozenset({"rounds", "eval_every", "out_dir", "checkpoint_every",
                                "keep_checkpoints", "client_chunk", "unroll", "num_devices",
                                "target_accuracy", "coordinator_address", "num_processes",
-                               "process_id",
+                               "process_id", "download",
                                "imports"})   # where registered names came from (record)
 
 
@@ -74,12 +74,21 @@ class ExperimentConfig:
     dataset: str = option("digits", "data", "'digits' (embedded); 'mnist1d', 'mnist1d_N', "
                           "'synthetic_ALPHA_BETA', 'synthetic_iid' (generated); "
                           "'leaf/femnist', 'leaf/shakespeare', 'leaf/sent140', 'leaf/synthetic' "
-                          "(LEAF JSON in --data-dir, natural users); a tfds name prepared there; "
+                          "(LEAF JSON in --data-dir, natural users); 'tff_emnist', "
+                          "'tff_emnist_digits', 'tff_shakespeare', 'tff_cifar100', "
+                          "'tff_cifar100_coarse' (TensorFlow Federated's .h5 files in the "
+                          "data directory, natural users); 'mnist', 'fashion_mnist', "
+                          "'emnist_SPLIT' (IDX files in the data directory; fashion_mnist "
+                          "without one: Debian's package's files); a tfds name prepared there; "
                           "or an .npz file holding x_train, y_train, "
                           "x_test, y_test (and client_id_train, optionally client_id_test: users, "
                           "split with --partition natural)")
-    data_dir: str | None = option(None, "data", "directory of the prepared tensorflow-datasets "
-                                  "data, or of a LEAF dataset (fljax never downloads)")
+    data_dir: str | None = option(None, "data", "directory of the dataset's files: prepared "
+                                  "tfds data, IDX files, TFF .h5 files or a LEAF dataset (fljax "
+                                  "downloads nothing unless --download)")
+    download: bool = option(False, "data", "let tensorflow-datasets download and prepare a "
+                            "tfds dataset missing from --data-dir (network; off: a missing "
+                            "dataset is an error saying how to prepare it)")
     partition: str = option("dirichlet", "data", "how the training set is split among the "
                             f"clients: one of {', '.join(PARTITIONS)} (natural: one client per "
                             "user, for datasets with users)")

@@ -247,7 +247,8 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
     if ("dataset", source) not in shared:
         shared["dataset", source] = with_class_noise(loaders.load_dataset(
             config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
-            seed=config.seed, user_split=user_split, sample_users=config.sample_users), config)
+            seed=config.seed, user_split=user_split, download=config.download,
+            sample_users=config.sample_users), config)
     dataset = shared["dataset", source]
     kept, validation = np.arange(len(dataset.y_train)), None
     if config.validation_fraction > 0:
