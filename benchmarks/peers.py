@@ -373,6 +373,37 @@ def candidates(workload: int, peers: Peers, rounds: int,
     return rows
 
 
+def pfl_on_gpu(env_dir: str) -> str | None:
+    """None when pfl-research's environment ``env_dir`` imports pfl and a PyTorch that sees a
+    CUDA GPU; else why not."""
+    python = os.path.join(env_dir, "bin", "python")
+    if not os.path.exists(python):
+        return (f"no pfl-research environment at {env_dir} (build it with a CUDA PyTorch: "
+                "TORCH_INDEX=https://download.pytorch.org/whl/cu121 bash benchmarks/pfl_env.sh)")
+    done = subprocess.run([python, "-c", "import pfl, torch; print(torch.cuda.is_available())"],
+                          capture_output=True, text=True, env=HELPER_ENV)
+    if done.returncode:
+        return f"pfl or torch does not import in {env_dir}: {done.stderr.strip().splitlines()[-1]}"
+    if done.stdout.strip() != "True":
+        return f"the PyTorch of {env_dir} sees no CUDA GPU"
+    return None
+
+
+def gpu_candidates(setup: Setup, env_dir: str, rounds: int,
+                   workers: list[Worker]) -> list[Candidate]:
+    """fljax's default row and pfl-research's simulation (1 process, on the GPU as pfl picks by
+    default) on ``setup``; the helper process is appended to ``workers``."""
+    x, y = synthetic_data(setup)
+    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+    chunk = 1 if jax.default_backend() == "cpu" else setup.cohort
+    rows = [Candidate(f"fljax, make_round defaults (client_chunk={chunk})", "fljax-default",
+                      fljax_round(setup, data, DEFAULT_CONV_IMPL, None), rounds)]
+    workers.append(Worker(pfl_command(setup, env_dir, 1), HELPER_ENV))
+    check_params(setup, "pfl-research", workers[-1].info["params"])
+    label = f"pfl-research simulation, 1 process ({workers[-1].info.get('device', 'cpu')})"
+    return rows + [Candidate(label, "pfl", workers[-1].run_round, rounds)]
+
+
 # ---------------------------------------------------------------- report
 
 def table(rows: Sequence[Row]) -> str:
@@ -423,12 +454,19 @@ weighted by examples:
 
 - **(i)** MLP 784-200-200-10 on 28x28x1 images, flattened (`make_model('mlp', (28, 28, 1), 10)`;
   FedJAX's `emnist.create_dense_model` shape).
-- **(ii)** the pfl-research CIFAR-10 CNN on 32x32x3 (conv5x5-32, pool, conv5x5-64, pool, fc512,
-  fc10): round_speed's setup (b) at cohort 100.
+- **(ii)** a 2-conv CNN on 32x32x3 (conv5x5-32, pool, conv5x5-64, pool, fc512, fc10):
+  round_speed's setup (b) at cohort 100.
+- **(iii)** pfl-research's CIFAR-10 benchmark CNN, `simple_cnn` of its benchmarks (conv3x3-32,
+  conv3x3-64, maxpool, dropout 0.25, fc128, dropout 0.5, fc10; Glorot-uniform weights) on
+  32x32x3; in fljax the same layers as a flax module (`SimpleCNN` in peers.py, wrapped by
+  `from_module`). Only fljax and pfl-research run it.
 
 Every framework's model has the same parameter count (checked). Rows: **fljax** with
-`make_round`'s defaults (sequential clients on CPU) and, as an extra row, all 100 clients in one
-`vmap` (`client_chunk=100`). **PyTorch**: round_speed's per-client loop (a fresh copy of the global
+`make_round`'s defaults (sequential clients on CPU, one device) and, as extra rows, all 100
+clients in one `vmap` (`client_chunk=100`) and the cohort sharded over 2 XLA CPU devices, one per
+core (`make_round(..., num_devices=2)`, each device's 50 clients one after another; the process
+runs with `--xla_force_host_platform_device_count=2`, which every fljax row shares).
+**PyTorch**: round_speed's per-client loop (a fresh copy of the global
 model per client, `torch.optim.SGD`, state_dicts averaged; `torch.set_num_threads(2)`).
 **Flower**: `flwr.simulation.start_simulation` (Ray on this machine, `num_cpus=2`, 1 CPU per
 virtual client, so 2 actors train clients in parallel, each torch at 1 thread as Ray sets it) with
@@ -442,6 +480,16 @@ and the first round fall in the warm-up). **FedJAX**: `fedjax.algorithms.fed_avg
 server SGD at lr 1, `UniformGetClientSampler`) on a haiku model of the same architecture, in its
 own environment (jax 0.4.30, built by `bash benchmarks/fedjax_env.sh`) and helper process
 (`benchmarks/fedjax_round.py`), a round timed the same way from request to answer.
+**pfl-research**: its own simulation loop, `pfl.algorithm.FederatedAveraging.run` on a
+`SimulatedBackend` (clients weighted by examples, `WeightByDatapoints`) with
+`pfl.model.pytorch.PyTorchModel` (local `torch.optim.SGD`, central `torch.optim.SGD` at lr 1) and
+a `FederatedDataset` of the same clients sampled by pfl's `minimize_reuse` sampler, in its own
+environment (pfl 0.6.0 and PyTorch, built by `bash benchmarks/pfl_env.sh`) and helper process
+(`benchmarks/pfl_round.py`), each central iteration waiting for a request and answering from its
+last callback. Two modes: 1 process (torch's default threads, one per core), and pfl's
+multi-process simulation, 2 processes launched by `torchrun` as pfl's guide says for PyTorch
+(each trains half of the cohort at 1 torch thread; their updates are summed by
+`torch.distributed`'s gloo backend).
 
 Each row has one warm-up round (compilation, Ray's actors); then timed rounds, taken round-robin
 over a workload's rows, each waited for; a row's s/round is their median. A timed round during
@@ -454,7 +502,7 @@ Targets: fljax is >= 20x faster than Flower's simulation and >= 5x faster than t
 
 
 def idle_cores(seconds: float = 5.0) -> float:
-    """Cores the helper processes (Flower's Ray, FedJAX) take while they wait for a request, as
+    """Cores the helper processes (Flower's Ray, FedJAX, pfl-research) take while they wait for a request, as
     they do during the other rows' rounds."""
     before = descendants_cpu_seconds()
     time.sleep(seconds)

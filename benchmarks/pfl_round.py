@@ -56,6 +56,7 @@ from pfl.data.dataset import Dataset
 from pfl.data.federated_dataset import FederatedDataset
 from pfl.data.sampling import get_user_sampler
 from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+from pfl.internal.ops.pytorch_ops import get_default_device
 from pfl.internal.ops.selector import get_default_framework_module as get_ops
 from pfl.metrics import Metrics, Weighted
 from pfl.model.pytorch import PyTorchModel
@@ -215,7 +216,7 @@ def main() -> None:
     if requests.rank == 0:
         answer({"params": int(sum(p.numel() for p in module.parameters())),
                 "processes": requests.distributed.world_size,
-                "threads": torch.get_num_threads(),
+                "threads": torch.get_num_threads(), "device": str(get_default_device()),
                 "versions": {name: importlib.metadata.version(name)
                              for name in ("pfl", "torch")}})
     algorithm.run(
