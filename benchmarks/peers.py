@@ -349,27 +349,27 @@ def candidates(workload: int, peers: Peers, rounds: int,
             f"fljax, cohort sharded over {DEVICES} {jax.default_backend().upper()} devices "
             f"(num_devices={DEVICES}, client_chunk={default_chunk})", "fljax",
             fljax_round(setup, data, impl, None, num_devices=DEVICES), rounds))
-    if not peers.pfl:
-        for processes in PFL_PROCESSES:
-            workers.append(Worker(pfl_command(setup, peers.pfl_env, processes), HELPER_ENV))
-            check_params(setup, "pfl-research", workers[-1].info["params"])
-            rows.append(Candidate(pfl_label(processes, workers[-1].info), "pfl",
-                                  workers[-1].run_round, rounds))
-    if setup.tag not in TORCH_MODEL:
-        return rows
-    if not peers.torch:
+    torch_model_peers = setup.tag in TORCH_MODEL
+    if torch_model_peers and not peers.torch:
         check_same_size(setup)
         rows.append(Candidate(f"PyTorch per-client loop ({TORCH_THREADS} threads)", "torch",
                               torch_round(setup, x, y), rounds))
-    if not peers.flower:
+    if torch_model_peers and not peers.flower:
         workers.append(Worker(*flower_command(workload, rounds)))
         check_params(setup, "Flower", workers[-1].info["params"])
         rows.append(Candidate("Flower simulation (Ray, 2 actors x 1 CPU)", "flower",
                               workers[-1].run_round, rounds))
-    if not peers.fedjax:
+    if torch_model_peers and not peers.fedjax:
         workers.append(Worker(fedjax_command(setup, peers.fedjax_python), HELPER_ENV))
         check_params(setup, "FedJAX", workers[-1].info["params"])
         rows.append(Candidate("FedJAX fed_avg (haiku)", "fedjax", workers[-1].run_round, rounds))
+    if not peers.pfl:
+        env = dict(HELPER_ENV, PFL_PYTORCH_DEVICE="cpu")   # on CPU here; gpu.py: on the GPU
+        for processes in PFL_PROCESSES:
+            workers.append(Worker(pfl_command(setup, peers.pfl_env, processes), env))
+            check_params(setup, "pfl-research", workers[-1].info["params"])
+            rows.append(Candidate(pfl_label(processes, workers[-1].info), "pfl",
+                                  workers[-1].run_round, rounds))
     return rows
 
 
