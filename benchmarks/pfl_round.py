@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import sys
 import time
 
