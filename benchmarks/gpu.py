@@ -10,7 +10,10 @@ written as soon as it ends):
   conv          per-client convolutions, XLA's (a grouped conv once vmapped) vs im2col, on (b);
   unroll        the lax.scan over local steps unrolled 1, 2, 5 (all) steps per iteration, on (b);
   dtype         bfloat16 compute with float32 parameters vs float32, on (b);
-  runs          R = 1 .. 2048 digits-MLP FedAvg runs (own seed, split, lr) in one program.
+  runs          R = 1 .. 2048 digits-MLP FedAvg runs (own seed, split, lr) in one program;
+  peers         peers.py's three workloads: fljax's default row vs pfl-research's simulation on
+                the GPU (pfl_round.py in build/pfl-venv, built with a CUDA PyTorch); a line
+                saying why, and no rows, when pfl or a CUDA PyTorch is not there.
 Rows are timed as in round_speed.py (``timing.round_robin``: one warm-up round, then the median
 of timed rounds taken round-robin). The report is the section ``GPU rows`` of --out; --only
 replaces one step's part and keeps the others. It needs a GPU; --smoke runs every step at a tiny
@@ -37,6 +40,10 @@ from round_speed import (NUM_CLASSES, SETUPS, Candidate, Row, Setup, default_chu
                          synthetic_data, table, targets)
 from timing import machine, read_subsections, write_subsections
 
+import peers  # noqa: E402  (after round_speed: both in benchmarks/)
+
+PFL_ENV = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
+                                        "pfl-venv"))
 STEP_BUDGET = 570          # seconds a full-scale step may run (under 10 minutes)
 SMOKE_BUDGET = 120         # the same for a --smoke step
 
@@ -274,6 +281,36 @@ def step_runs(scale: Scale) -> str:
         "the runs side by side (vmap, the default off CPU).", "\n".join(lines)])
 
 
+def step_peers(scale: Scale) -> str:
+    """peers.py's workloads (at the smoke scale: 4 of 8 clients x 12 examples, batch 4), fljax's
+    default row next to pfl-research's simulation on the GPU; skipped, with a line saying why,
+    when pfl-research's environment has no CUDA PyTorch."""
+    why = peers.pfl_on_gpu(PFL_ENV)
+    if why:
+        return "\n\n".join([run_line(scale), f"Skipped: {why}."])
+    rows = []
+    for setup in peers.WORKLOADS:
+        if scale.name == "smoke":
+            setup = setup._replace(num_clients=8, examples_per_client=12, cohort=4, batch=4,
+                                   description=f"{setup.description} (smoke scale: 4 of 8 "
+                                               "clients x 12 examples, 1 epoch at B4)")
+        print(setup.tag, setup.description, flush=True)
+        workers = []
+        try:
+            rows += measure(setup, peers.gpu_candidates(setup, PFL_ENV, scale.timed_rounds,
+                                                        workers))
+        finally:
+            for worker in workers:
+                worker.close()
+    return "\n\n".join([
+        run_line(scale), "peers.py's workloads (full scale: FedAvg, 1 local epoch at batch 10, lr 0.05, "
+        "cohort 100 of 1000 clients x 50 examples) with fljax's default round (all clients "
+        "vmapped on GPU) and pfl-research's own simulation in one process on the GPU "
+        "(`benchmarks/pfl_round.py`, clients one after another as pfl trains them), each "
+        "round timed from request to answer as in peers.py.", peers.table(rows),
+        disturbance(rows)])
+
+
 STEPS = {   # name: (title in the report, the step)
     "round_speed": ("1. Setups (a) and (b): default, vmap all, sequential, limit",
                     step_round_speed),
@@ -283,6 +320,7 @@ STEPS = {   # name: (title in the report, the step)
     "unroll": ("5. Unrolled local steps on (b)", step_unroll),
     "dtype": ("6. bfloat16 compute on (b)", step_dtype),
     "runs": ("7. Many runs in one program (digits MLP)", step_runs),
+    "peers": ("8. fljax vs pfl-research on peers.py's workloads", step_peers),
 }
 
 HEADING = "GPU rows (`benchmarks/gpu.py`)"

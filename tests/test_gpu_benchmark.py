@@ -27,6 +27,8 @@ ROWS = {
     "6. bfloat16 compute": ["float32 [default]", "bfloat16 compute, float32 parameters",
                             "limit: one lax.scan"],
     "7. Many runs in one program": ["1", "2"],
+    # Rows only where pfl-research's environment has a CUDA PyTorch; else one line says why.
+    "8. fljax vs pfl-research": [],
 }
 NUMBER = r"\d[\d,]*\.?\d*x?"
 
