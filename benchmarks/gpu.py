@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import subprocess
 import sys
@@ -415,12 +416,16 @@ def calibrate(family: str, sweep_file: str, model_name: str, scale: Scale,
 
 def calibration_table(found: Sequence[Calibration]) -> str:
     """The calibrate step's table: measured and estimated s/round and their ratio."""
-    number = lambda v: "-" if v is None else f"{v:.4f}"
+    def number(v: float | None) -> str:     # 4 decimals, or 3 significant digits if fewer
+        if v is None:
+            return "-"
+        return f"{v:.{max(4, 2 - math.floor(math.log10(v))) if v > 0 else 4}f}"
+
     lines = ["| family | sweep file | cell | work | measured s/round | estimated s/round | "
              "measured / estimated |", "|---|---|---|---|---|---|---|"]
     for c in found:
         ratio = ("-" if c.measured is None or not c.estimated else
-                 f"{c.measured / c.estimated:.2f}x")
+                 f"{c.measured / c.estimated:,.2f}x")
         lines.append(f"| {c.family} | {c.sweep_file} | {c.cell} | {c.work} | "
                      f"{number(c.measured)} | {number(c.estimated)} | {ratio} |")
     return "\n".join(lines)
