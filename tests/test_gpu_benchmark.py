@@ -68,7 +68,8 @@ def check_calibration(body: str) -> None:
     lines = [line for line in body.splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in lines[0].strip("| ").split(" | ")]
     assert header[-3:] == ["measured s/round", "estimated s/round", "measured / estimated"]
-    rows = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines[2:]]
+    rows = [[cell.strip() for cell in line.strip("| ").split(" | ")]
+            for line in lines[1:]]   # after the header ('|---|' does not start with '| ')
     assert [row[0].split(",")[0] for row in rows] == ["VGG-11", "ResNet-20", "ConvNet2",
                                                       "Tiny CNN"]
     for row in rows:
