@@ -454,7 +454,7 @@ def step_calibrate(scale: Scale) -> str:
              f"{SMOKE_EXAMPLES} examples, 2 local steps at B4 (the real model), and so is its "
              "estimate." if scale.name == "smoke" else "")
     return "\n\n".join([
-        run_line(scale), "For each model family, one cell of a real sweep file at its `full` "
+        run_line(scale._replace(timed_rounds=scale.calibrate_rounds)), "For each model family, one cell of a real sweep file at its `full` "
         "scale (the first with that model), trained on synthetic data of its dataset's shapes "
         "(normal noise inputs, uniform labels) with the cell's algorithm, local work, "
         "augmentation and probes, as the runner builds its round; measured: the median of "
