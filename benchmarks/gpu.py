@@ -12,6 +12,9 @@ written as soon as it ends):
   dtype         bfloat16 compute with float32 parameters vs float32, on (b);
   runs          R = 1 .. 2048 digits-MLP FedAvg runs (own seed, split, lr) in one program, and
                 the batched-runs target: >= 5x the run-rounds/s of R = 1 at some R >= 64;
+  peers         peers.py's three workloads: fljax's default row vs pfl-research's simulation on
+                the GPU (pfl_round.py in build/pfl-venv, built with a CUDA PyTorch); a line
+                saying why, and no rows, when pfl or a CUDA PyTorch is not there;
   calibrate     one full-scale cell of a real sweep file per model family (VGG-11, ResNet-20,
                 ConvNet2, Tiny CNN) on synthetic data of its dataset's shapes: measured s/round
                 next to ``fljax.runner.estimate.estimate``'s (the ``--plan`` estimate), and their
@@ -43,6 +46,10 @@ from round_speed import (NUM_CLASSES, SETUPS, Candidate, Row, Setup, default_chu
                          synthetic_data, table, targets)
 from timing import machine, read_subsections, write_subsections
 
+import peers  # noqa: E402  (after round_speed: both in benchmarks/)
+
+PFL_ENV = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
+                                        "pfl-venv"))
 STEP_BUDGET = 570          # seconds a full-scale step may run (under 10 minutes)
 SMOKE_BUDGET = 120         # the same for a --smoke step
 
@@ -322,7 +329,8 @@ class Calibration(NamedTuple):
     measured: float | None    # median s/round (None: not measured, ``note`` says why)
     estimated: float | None   # the estimate's s/round
     timing: object = None     # timing.Timing of the measured rounds
-    note: str = ""            # the estimate's ``how``, or why the family was not measured
+    note: str = ""            # what the estimate read, and why a family was not measured
+    how: str = ""             # how the estimate was made
 
 
 def synthetic(data, num_classes: int, vocab: int, key: jax.Array, clients: int | None = None,
@@ -391,12 +399,14 @@ def calibrate(family: str, sweep_file: str, model_name: str, scale: Scale,
     found = Calibration(family, sweep_file, f"{name}, seed {cell.seed}", work_of(config), None,
                         None)
     guess = estimate.estimate(config)
-    found = found._replace(estimated=guess.seconds_per_round, note=guess.how)
+    found = found._replace(estimated=guess.seconds_per_round, how=guess.how, note=(
+        f"estimated from {guess.source}: {guess.flops_per_round / 1e9:,.2f} GFLOP per round, "
+        f"{guess.device_bytes / 2**30:.2f} GiB on the device"))
     needed = COMPILE_ALLOWANCE + (1 + 2 * scale.calibrate_rounds) * guess.seconds_per_round
     if scale.name != "smoke" and needed > left:
-        return found._replace(note=f"not measured: at the estimate, {needed:.0f} s (with "
-                                   f"{COMPILE_ALLOWANCE} s to compile) exceed the step's "
-                                   f"remaining {left:.0f} s")
+        return found._replace(note=found.note + f"; not measured: at the estimate, {needed:.0f} "
+                                                f"s (with {COMPILE_ALLOWANCE} s to compile) "
+                                                f"exceed the step's remaining {left:.0f} s")
     abstract = estimate.abstract_round(config)
     model = abstract.model
     data = synthetic(abstract.data, model.num_classes, vocabulary(model), jax.random.PRNGKey(1),
@@ -454,14 +464,46 @@ def step_calibrate(scale: Scale) -> str:
              f"{SMOKE_EXAMPLES} examples, 2 local steps at B4 (the real model), and so is its "
              "estimate." if scale.name == "smoke" else "")
     return "\n\n".join([
-        run_line(scale._replace(timed_rounds=scale.calibrate_rounds)), "For each model family, one cell of a real sweep file at its `full` "
-        "scale (the first with that model), trained on synthetic data of its dataset's shapes "
-        "(normal noise inputs, uniform labels) with the cell's algorithm, local work, "
+        run_line(scale._replace(timed_rounds=scale.calibrate_rounds)),
+        "For each model family, one cell of a real sweep file at its `full` scale (the first "
+        "with that model), trained on synthetic data of its dataset's shapes (normal noise inputs, uniform labels) with the cell's algorithm, local work, "
         "augmentation and probes, as the runner builds its round; measured: the median of "
         f"{scale.calibrate_rounds} timed rounds after one warm-up round; estimated: "
         "`fljax.runner.estimate.estimate(config).seconds_per_round` (the `--plan` estimate, in "
         "H100 seconds) for the same cell. A ratio above 1x: the estimate is optimistic." + smoke,
-        calibration_table(found), "The estimates, and how they were made:\n\n" + "\n".join(notes)])
+        calibration_table(found), "\n".join(notes)] + [
+            f"How the estimates are made: {how}." for how in dict.fromkeys(
+                c.how for c in found if c.how)])
+
+
+def step_peers(scale: Scale) -> str:
+    """peers.py's workloads (at the smoke scale: 4 of 8 clients x 12 examples, batch 4), fljax's
+    default row next to pfl-research's simulation on the GPU; skipped, with a line saying why,
+    when pfl-research's environment has no CUDA PyTorch."""
+    why = peers.pfl_on_gpu(PFL_ENV)
+    if why:
+        return "\n\n".join([run_line(scale), f"Skipped: {why}."])
+    rows = []
+    for setup in peers.WORKLOADS:
+        if scale.name == "smoke":
+            setup = setup._replace(num_clients=8, examples_per_client=12, cohort=4, batch=4,
+                                   description=f"{setup.description} (smoke scale: 4 of 8 "
+                                               "clients x 12 examples, 1 epoch at B4)")
+        print(setup.tag, setup.description, flush=True)
+        workers = []
+        try:
+            rows += measure(setup, peers.gpu_candidates(setup, PFL_ENV, scale.timed_rounds,
+                                                        workers))
+        finally:
+            for worker in workers:
+                worker.close()
+    return "\n\n".join([
+        run_line(scale), "peers.py's workloads (full scale: FedAvg, 1 local epoch at batch 10, lr 0.05, "
+        "cohort 100 of 1000 clients x 50 examples) with fljax's default round (all clients "
+        "vmapped on GPU) and pfl-research's own simulation in one process on the GPU "
+        "(`benchmarks/pfl_round.py`, clients one after another as pfl trains them), each "
+        "round timed from request to answer as in peers.py.", peers.table(rows),
+        disturbance(rows)])
 
 
 STEPS = {   # name: (title in the report, the step)
@@ -473,7 +515,8 @@ STEPS = {   # name: (title in the report, the step)
     "unroll": ("5. Unrolled local steps on (b)", step_unroll),
     "dtype": ("6. bfloat16 compute on (b)", step_dtype),
     "runs": ("7. Many runs in one program (digits MLP)", step_runs),
-    "calibrate": ("8. Calibration: measured s/round against the estimate", step_calibrate),
+    "peers": ("8. fljax vs pfl-research on peers.py's workloads", step_peers),
+    "calibrate": ("9. Calibration: measured s/round against the estimate", step_calibrate),
 }
 
 HEADING = "GPU rows (`benchmarks/gpu.py`)"
@@ -486,7 +529,7 @@ after {STEP_BUDGET} s (or `--budget`). Rows are timed as in round_speed.py: one 
 for. In steps 3-6, `[default]` marks what `make_round` does without the option, "ratio to default"
 is a row's time over that row's, and the limit is round_speed.py's: the same SGD steps in ONE
 jitted `lax.scan` with no FL logic. Step 7 holds the batched-runs target (>= {RUNS_TARGET:g}x
-the run-rounds/s of R = 1 at some R >= {RUNS_AT}); step 8 measures real sweep cells against the
+the run-rounds/s of R = 1 at some R >= {RUNS_AT}); step 9 measures real sweep cells against the
 `--plan` estimate.
 """
 

@@ -1,16 +1,22 @@
 """Per-round speed of fljax FedAvg next to the tools FL papers run: a plain PyTorch loop, Flower's
-simulation and FedJAX, in the small-model many-client regime.
+simulation, FedJAX and pfl-research, in the small-model many-client regime.
 
-    python benchmarks/peers.py [--quick] [--fedjax-env build/fedjax-venv] [--out BENCHMARKS.md]
+    python benchmarks/peers.py [--quick] [--fedjax-env build/fedjax-venv] [--pfl-env build/pfl-venv]
+                               [--out BENCHMARKS.md]
 
-Two workloads on synthetic data, 1000 clients x 50 examples, cohort 100 per round, 1 local epoch
+Three workloads on synthetic data, 1000 clients x 50 examples, cohort 100 per round, 1 local epoch
 at batch 10 (5 steps of plain SGD, lr 0.05), FedAvg:
-  (i)  an MLP 784-200-200-10 on 28x28x1 images, flattened (``make_model('mlp', ...)``);
-  (ii) the pfl-research CIFAR-10 CNN on 32x32x3 (round_speed's setup (b) at cohort 100).
-Rows: fljax (make_round's defaults, and all clients vmapped), round_speed's PyTorch per-client
-loop, Flower's Ray simulation of the same torch model and loop (a helper process), and FedJAX
-(``benchmarks/fedjax_round.py`` in the environment ``bash benchmarks/fedjax_env.sh`` builds;
-skipped when it is missing). One warm-up round each, then timed rounds taken round-robin over a
+  (i)   an MLP 784-200-200-10 on 28x28x1 images, flattened (``make_model('mlp', ...)``);
+  (ii)  a 2-conv CNN on 32x32x3 (conv5x5-32, pool, conv5x5-64, pool, fc512, fc10: round_speed's
+        setup (b) at cohort 100);
+  (iii) pfl-research's CIFAR-10 benchmark CNN ``simple_cnn`` on 32x32x3 (``SimpleCNN`` here).
+Rows: fljax (make_round's defaults, all clients vmapped, and the cohort sharded over 2 XLA CPU
+devices, one per core), round_speed's PyTorch per-client loop, Flower's Ray simulation of the
+same torch model and loop (a helper process), FedJAX (``benchmarks/fedjax_round.py`` in the
+environment ``bash benchmarks/fedjax_env.sh`` builds) and pfl-research's own simulation in one
+process and in two (``benchmarks/pfl_round.py`` in the environment ``bash benchmarks/pfl_env.sh``
+builds, launched by ``torchrun``); a peer whose environment is missing is skipped. Workload (iii)
+runs fljax and pfl only. One warm-up round each, then timed rounds taken round-robin over a
 workload's rows (``timing.round_robin``); a row's time is their median.
 """
 
@@ -27,11 +33,23 @@ import sys
 import time
 from typing import NamedTuple, Sequence
 
-import jax
-import numpy as np
+DEVICES = 2                  # XLA CPU devices of the sharded fljax row: one per core
+# The devices share the host's cores: one device's thread can reach a collective long after the
+# other's, and XLA aborts after 40 s by default (the fljax CLI sets the same timeout).
+COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=86400"
+HELPER_ENV = dict(os.environ)   # the helper processes' environment: XLA_FLAGS as given
+if __name__ == "__main__" and "xla_force_host_platform_device_count" not in os.environ.get(
+        "XLA_FLAGS", ""):   # before jax starts
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_"
+                               f"device_count={DEVICES} {COLLECTIVE_TIMEOUT}").strip()
 
-import fljax
-from fljax.models import DEFAULT_CONV_IMPL, make_model, num_params
+import flax.linen as nn  # noqa: E402  (after XLA_FLAGS)
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import fljax  # noqa: E402
+from fljax.models import DEFAULT_CONV_IMPL, from_module, make_model, num_params  # noqa: E402
+from fljax.models.layers import conv, dense, max_pool, torch_bias_init  # noqa: E402
 from round_speed import (NUM_CLASSES, SETUPS, TORCH_THREADS, Candidate, Row, Setup,
                          check_same_size, disturbance, fljax_round, measure, synthetic_data,
                          torch_data, torch_local_sgd, torch_model, torch_round, verdict)
@@ -44,6 +62,35 @@ TARGET_TORCH = 5.0           # fljax >= 5x faster than the PyTorch per-client lo
 RAY_INIT = {"num_cpus": 2, "include_dashboard": False}
 HEADING = "Peers (`benchmarks/peers.py`)"
 
+
+class SimpleCNN(nn.Module):
+    """pfl-research's CIFAR-10 benchmark CNN (``simple_cnn`` of its benchmarks'
+    ``model/pytorch/cnn.py``): conv3x3-32 -> ReLU -> conv3x3-64 -> ReLU -> maxpool2 ->
+    dropout 0.25 -> fc128 -> ReLU -> dropout 0.5 -> fc, VALID convolutions, Glorot-uniform
+    weights (torch's default biases); 1,626,442 parameters on 32x32x3 with 10 classes. The
+    flatten is position-major (torch's is channel-major: fc128's inputs are permuted, the model
+    class is the same)."""
+
+    num_classes: int = NUM_CLASSES
+    conv_impl: str = DEFAULT_CONV_IMPL
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        glorot = nn.initializers.xavier_uniform()
+        for i, width in enumerate((32, 64)):
+            x = nn.relu(conv(width, 3, self.conv_impl, f"conv{i + 1}", kernel_init=glorot,
+                             bias_init=torch_bias_init(9 * x.shape[-1]))(x))
+        x = nn.Dropout(0.25, deterministic=not train)(max_pool(x))
+        x = x.reshape(x.shape[0], -1)
+        x = nn.relu(dense(128, x.shape[-1], "fc1", kernel_init=glorot)(x))
+        x = nn.Dropout(0.5, deterministic=not train)(x)
+        return dense(self.num_classes, 128, "fc2", kernel_init=glorot)(x)
+
+
+def simple_cnn(conv_impl: str):
+    return from_module("simple_cnn", SimpleCNN(conv_impl=conv_impl), (32, 32, 3), NUM_CLASSES)
+
+
 WORKLOADS = (
     Setup(tag="(i)", description="MLP on 28x28x1 (flattened), 100 of 1000 clients x 50 examples, "
                                  "1 epoch at B10",
@@ -52,9 +99,18 @@ WORKLOADS = (
           num_clients=1000, examples_per_client=50, cohort=100, batch=10, local_steps=None,
           local_epochs=1, slow_conv_row=False),
     SETUPS[1]._replace(tag="(ii)", cohort=100,
-                       description="2-conv CNN on 32x32x3 (pfl-research CIFAR-10 CNN), 100 of "
+                       description="2-conv CNN on 32x32x3 (round_speed's setup (b)), 100 of "
                                    "1000 clients x 50 examples, 1 epoch at B10"),
+    SETUPS[1]._replace(tag="(iii)", cohort=100, hidden=(128,), build=simple_cnn,
+                       model_note="from_module(SimpleCNN()) (peers.py)",
+                       description="pfl-research's CIFAR-10 benchmark CNN (simple_cnn) on "
+                                   "32x32x3, 100 of 1000 clients x 50 examples, 1 epoch at B10"),
 )
+# The workloads whose model is round_speed's CNN (or MLP), which the PyTorch loop, Flower and
+# FedJAX build; pfl_round.py builds pfl's own simple_cnn for the others.
+TORCH_MODEL = ("(i)", "(ii)")
+PFL_MODEL = {"(iii)": "simple_cnn"}
+PFL_PROCESSES = (1, 2)
 
 
 # ---------------------------------------------------------------- helper processes
@@ -173,7 +229,7 @@ def flower_command(workload: int, rounds: int) -> tuple[list[str], dict[str, str
     timed round ``round_robin`` may take; no telemetry or usage statistics (offline)."""
     script = "import sys, peers; peers.flower_worker(int(sys.argv[1]), int(sys.argv[2]))"
     path = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
+    env = dict(HELPER_ENV, PYTHONPATH=path, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
                RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0")
     return [sys.executable, "-c", script, str(workload), str(1 + 2 * rounds)], env
 
@@ -192,6 +248,35 @@ def fedjax_command(setup: Setup, python: str) -> list[str]:
             "--epochs", str(setup.local_epochs)]
 
 
+# ---------------------------------------------------------------- pfl-research (runs in a helper)
+
+def pfl_command(setup: Setup, env_dir: str, processes: int) -> list[str]:
+    """``pfl_round.py`` on a workload in pfl's environment ``env_dir``: one process, or
+    ``processes`` launched by ``torchrun`` (pfl's multi-process simulation; on CPU torchrun gives
+    each process 1 torch thread)."""
+    def join(widths):
+        return ",".join(map(str, widths))
+
+    script = os.path.join(HERE, "pfl_round.py")
+    launcher = ([os.path.join(env_dir, "bin", "python"), script] if processes == 1 else
+                [os.path.join(env_dir, "bin", "torchrun"), "--standalone", "--nnodes=1",
+                 f"--nproc_per_node={processes}", script])
+    return launcher + [
+        "--image", join(setup.image), "--model", PFL_MODEL.get(setup.tag, "conv_net"),
+        "--channels", join(setup.channels), "--hidden", join(setup.hidden),
+        "--clients", str(setup.num_clients), "--examples", str(setup.examples_per_client),
+        "--cohort", str(setup.cohort), "--batch", str(setup.batch),
+        "--epochs", str(setup.local_epochs)]
+
+
+def pfl_label(processes: int, info: dict) -> str:
+    """A pfl row's label, from its helper's description of itself."""
+    if processes == 1:
+        return f"pfl-research simulation, 1 process ({info['threads']} torch threads)"
+    return (f"pfl-research simulation, {processes} processes (torchrun, gloo; "
+            f"{info['threads']} torch thread each)")
+
+
 # ---------------------------------------------------------------- the rows
 
 class Peers(NamedTuple):
@@ -199,9 +284,11 @@ class Peers(NamedTuple):
     flower: str | None
     fedjax: str | None
     fedjax_python: str
+    pfl: str | None
+    pfl_env: str
 
 
-def available(fedjax_env: str) -> Peers:
+def available(fedjax_env: str, pfl_env: str) -> Peers:
     """Which peers can run here, and why not."""
     def missing(module: str) -> str | None:
         try:
@@ -213,17 +300,21 @@ def available(fedjax_env: str) -> Peers:
     python = os.path.join(fedjax_env, "bin", "python")
     fedjax = (None if os.path.exists(python) else
               f"no FedJAX environment at {fedjax_env} (build it: bash benchmarks/fedjax_env.sh)")
-    return Peers(missing("torch"), missing("flwr") or missing("ray"), fedjax, python)
+    pfl = (None if os.path.exists(os.path.join(pfl_env, "bin", "torchrun")) else
+           f"no pfl-research environment at {pfl_env} (build it: bash benchmarks/pfl_env.sh)")
+    return Peers(missing("torch"), missing("flwr") or missing("ray"), fedjax, python, pfl,
+                 pfl_env)
 
 
-def versions(peers: Peers, fedjax_info: dict | None) -> str:
+def versions(peers: Peers, fedjax_info: dict | None, pfl_info: dict | None = None) -> str:
     """The versions of the frameworks that ran."""
     names = ["flax"] + (["torch"] if not peers.torch else []) + (
         ["flwr", "ray"] if not peers.flower else [])
     text = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in names)
-    if fedjax_info:
-        text += "; FedJAX environment: " + ", ".join(f"{n} {v}" for n, v in
-                                                     fedjax_info["versions"].items())
+    for name, info in (("FedJAX", fedjax_info), ("pfl-research", pfl_info)):
+        if info:
+            text += f"; {name} environment: " + ", ".join(f"{n} {v}" for n, v in
+                                                         info["versions"].items())
     return text
 
 
@@ -253,20 +344,64 @@ def candidates(workload: int, peers: Peers, rounds: int,
     if default_chunk != setup.cohort:
         rows.append(Candidate(f"fljax, client_chunk={setup.cohort} (vmap all)", "fljax",
                               fljax_round(setup, data, impl, setup.cohort), rounds))
-    if not peers.torch:
+    if jax.device_count() >= DEVICES and setup.cohort % DEVICES == 0:
+        rows.append(Candidate(
+            f"fljax, cohort sharded over {DEVICES} {jax.default_backend().upper()} devices "
+            f"(num_devices={DEVICES}, client_chunk={default_chunk})", "fljax",
+            fljax_round(setup, data, impl, None, num_devices=DEVICES), rounds))
+    torch_model_peers = setup.tag in TORCH_MODEL
+    if torch_model_peers and not peers.torch:
         check_same_size(setup)
         rows.append(Candidate(f"PyTorch per-client loop ({TORCH_THREADS} threads)", "torch",
                               torch_round(setup, x, y), rounds))
-    if not peers.flower:
+    if torch_model_peers and not peers.flower:
         workers.append(Worker(*flower_command(workload, rounds)))
         check_params(setup, "Flower", workers[-1].info["params"])
         rows.append(Candidate("Flower simulation (Ray, 2 actors x 1 CPU)", "flower",
                               workers[-1].run_round, rounds))
-    if not peers.fedjax:
-        workers.append(Worker(fedjax_command(setup, peers.fedjax_python)))
+    if torch_model_peers and not peers.fedjax:
+        workers.append(Worker(fedjax_command(setup, peers.fedjax_python), HELPER_ENV))
         check_params(setup, "FedJAX", workers[-1].info["params"])
         rows.append(Candidate("FedJAX fed_avg (haiku)", "fedjax", workers[-1].run_round, rounds))
+    if not peers.pfl:
+        env = dict(HELPER_ENV, PFL_PYTORCH_DEVICE="cpu")   # on CPU here; gpu.py: on the GPU
+        for processes in PFL_PROCESSES:
+            workers.append(Worker(pfl_command(setup, peers.pfl_env, processes), env))
+            check_params(setup, "pfl-research", workers[-1].info["params"])
+            rows.append(Candidate(pfl_label(processes, workers[-1].info), "pfl",
+                                  workers[-1].run_round, rounds))
     return rows
+
+
+def pfl_on_gpu(env_dir: str) -> str | None:
+    """None when pfl-research's environment ``env_dir`` imports pfl and a PyTorch that sees a
+    CUDA GPU; else why not."""
+    python = os.path.join(env_dir, "bin", "python")
+    if not os.path.exists(python):
+        return (f"no pfl-research environment at {env_dir} (build it with a CUDA PyTorch: "
+                "TORCH_INDEX=https://download.pytorch.org/whl/cu121 bash benchmarks/pfl_env.sh)")
+    done = subprocess.run([python, "-c", "import pfl, torch; print(torch.cuda.is_available())"],
+                          capture_output=True, text=True, env=HELPER_ENV)
+    if done.returncode:
+        return f"pfl or torch does not import in {env_dir}: {done.stderr.strip().splitlines()[-1]}"
+    if done.stdout.strip() != "True":
+        return f"the PyTorch of {env_dir} sees no CUDA GPU"
+    return None
+
+
+def gpu_candidates(setup: Setup, env_dir: str, rounds: int,
+                   workers: list[Worker]) -> list[Candidate]:
+    """fljax's default row and pfl-research's simulation (1 process, on the GPU as pfl picks by
+    default) on ``setup``; the helper process is appended to ``workers``."""
+    x, y = synthetic_data(setup)
+    data = fljax.federate(x, y, np.split(np.arange(len(y)), setup.num_clients), NUM_CLASSES)
+    chunk = 1 if jax.default_backend() == "cpu" else setup.cohort
+    rows = [Candidate(f"fljax, make_round defaults (client_chunk={chunk})", "fljax-default",
+                      fljax_round(setup, data, DEFAULT_CONV_IMPL, None), rounds)]
+    workers.append(Worker(pfl_command(setup, env_dir, 1), HELPER_ENV))
+    check_params(setup, "pfl-research", workers[-1].info["params"])
+    label = f"pfl-research simulation, 1 process ({workers[-1].info.get('device', 'cpu')})"
+    return rows + [Candidate(label, "pfl", workers[-1].run_round, rounds)]
 
 
 # ---------------------------------------------------------------- report
@@ -291,7 +426,7 @@ def targets(rows: Sequence[Row]) -> str:
     """fljax's speed-up over Flower and the PyTorch loop against the targets, for the default
     fljax row and, where it differs, the fastest one; FedJAX's ratio without a target."""
     goals = {"flower": ("Flower", TARGET_FLOWER), "torch": ("the PyTorch loop", TARGET_TORCH),
-             "fedjax": ("FedJAX", None)}
+             "fedjax": ("FedJAX", None), "pfl": ("pfl-research", None)}
     lines = []
     for setup in dict.fromkeys(r.setup for r in rows):
         same = [r for r in rows if r.setup is setup]
@@ -301,6 +436,8 @@ def targets(rows: Sequence[Row]) -> str:
         for title, ours in compared:
             for peer in (r for r in same if r.kind in goals):
                 name, goal = goals[peer.kind]
+                if peer.kind == "pfl":
+                    name += " " + peer.label.split(", ", 1)[1].split(" (")[0]
                 ratio = peer.seconds / ours.seconds
                 target = ("no target" if goal is None else
                           f"target >= {goal:g}x: {verdict(ratio >= goal)}")
@@ -317,12 +454,19 @@ weighted by examples:
 
 - **(i)** MLP 784-200-200-10 on 28x28x1 images, flattened (`make_model('mlp', (28, 28, 1), 10)`;
   FedJAX's `emnist.create_dense_model` shape).
-- **(ii)** the pfl-research CIFAR-10 CNN on 32x32x3 (conv5x5-32, pool, conv5x5-64, pool, fc512,
-  fc10): round_speed's setup (b) at cohort 100.
+- **(ii)** a 2-conv CNN on 32x32x3 (conv5x5-32, pool, conv5x5-64, pool, fc512, fc10):
+  round_speed's setup (b) at cohort 100.
+- **(iii)** pfl-research's CIFAR-10 benchmark CNN, `simple_cnn` of its benchmarks (conv3x3-32,
+  conv3x3-64, maxpool, dropout 0.25, fc128, dropout 0.5, fc10; Glorot-uniform weights) on
+  32x32x3; in fljax the same layers as a flax module (`SimpleCNN` in peers.py, wrapped by
+  `from_module`). Only fljax and pfl-research run it.
 
 Every framework's model has the same parameter count (checked). Rows: **fljax** with
-`make_round`'s defaults (sequential clients on CPU) and, as an extra row, all 100 clients in one
-`vmap` (`client_chunk=100`). **PyTorch**: round_speed's per-client loop (a fresh copy of the global
+`make_round`'s defaults (sequential clients on CPU, one device) and, as extra rows, all 100
+clients in one `vmap` (`client_chunk=100`) and the cohort sharded over 2 XLA CPU devices, one per
+core (`make_round(..., num_devices=2)`, each device's 50 clients one after another; the process
+runs with `--xla_force_host_platform_device_count=2`, which every fljax row shares).
+**PyTorch**: round_speed's per-client loop (a fresh copy of the global
 model per client, `torch.optim.SGD`, state_dicts averaged; `torch.set_num_threads(2)`).
 **Flower**: `flwr.simulation.start_simulation` (Ray on this machine, `num_cpus=2`, 1 CPU per
 virtual client, so 2 actors train clients in parallel, each torch at 1 thread as Ray sets it) with
@@ -336,6 +480,16 @@ and the first round fall in the warm-up). **FedJAX**: `fedjax.algorithms.fed_avg
 server SGD at lr 1, `UniformGetClientSampler`) on a haiku model of the same architecture, in its
 own environment (jax 0.4.30, built by `bash benchmarks/fedjax_env.sh`) and helper process
 (`benchmarks/fedjax_round.py`), a round timed the same way from request to answer.
+**pfl-research**: its own simulation loop, `pfl.algorithm.FederatedAveraging.run` on a
+`SimulatedBackend` (clients weighted by examples, `WeightByDatapoints`) with
+`pfl.model.pytorch.PyTorchModel` (local `torch.optim.SGD`, central `torch.optim.SGD` at lr 1) and
+a `FederatedDataset` of the same clients sampled by pfl's `minimize_reuse` sampler, in its own
+environment (pfl 0.6.0 and PyTorch, built by `bash benchmarks/pfl_env.sh`) and helper process
+(`benchmarks/pfl_round.py`), each central iteration waiting for a request and answering from its
+last callback. Two modes: 1 process (torch's default threads, one per core), and pfl's
+multi-process simulation, 2 processes launched by `torchrun` as pfl's guide says for PyTorch
+(each trains half of the cohort at 1 torch thread; their updates are summed by
+`torch.distributed`'s gloo backend).
 
 Each row has one warm-up round (compilation, Ray's actors); then timed rounds, taken round-robin
 over a workload's rows, each waited for; a row's s/round is their median. A timed round during
@@ -348,7 +502,7 @@ Targets: fljax is >= 20x faster than Flower's simulation and >= 5x faster than t
 
 
 def idle_cores(seconds: float = 5.0) -> float:
-    """Cores the helper processes (Flower's Ray, FedJAX) take while they wait for a request, as
+    """Cores the helper processes (Flower's Ray, FedJAX, pfl-research) take while they wait for a request, as
     they do during the other rows' rounds."""
     before = descendants_cpu_seconds()
     time.sleep(seconds)
@@ -356,14 +510,14 @@ def idle_cores(seconds: float = 5.0) -> float:
 
 
 def section(rows: Sequence[Row], quick: bool, rounds: int, peers: Peers,
-            fedjax_info: dict | None, idle: dict[str, float]) -> str:
+            fedjax_info: dict | None, idle: dict[str, float], pfl_info: dict | None = None) -> str:
     skipped = [f"- {name}: skipped ({why})" for name, why in
-               [("PyTorch", peers.torch), ("Flower", peers.flower), ("FedJAX", peers.fedjax)]
-               if why]
+               [("PyTorch", peers.torch), ("Flower", peers.flower), ("FedJAX", peers.fedjax),
+                ("pfl-research", peers.pfl)] if why]
     run = "`--quick`" if quick else "full"
     return "\n\n".join([
         HEADER,
-        f"Machine: {machine()}. Versions: {versions(peers, fedjax_info)}. "
+        f"Machine: {machine()}. Versions: {versions(peers, fedjax_info, pfl_info)}. "
         f"Date: {datetime.date.today().isoformat()}. Run: {run}, median of {rounds} timed rounds "
         "per row after one warm-up round each.",
         table(rows)] + (["Rows not run:\n\n" + "\n".join(skipped)] if skipped else []) + [
@@ -382,11 +536,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one timed round per row")
     parser.add_argument("--fedjax-env", default="build/fedjax-venv",
                         help="FedJAX's environment (bash benchmarks/fedjax_env.sh builds it)")
+    parser.add_argument("--pfl-env", default="build/pfl-venv",
+                        help="pfl-research's environment (bash benchmarks/pfl_env.sh builds it)")
     parser.add_argument("--out", default="BENCHMARKS.md", help="markdown report to write")
     args = parser.parse_args()
     rounds = 1 if args.quick else 7
-    peers = available(args.fedjax_env)
-    rows, idle, fedjax_info = [], {}, None
+    peers = available(args.fedjax_env, args.pfl_env)
+    rows, idle, fedjax_info, pfl_info = [], {}, None, None
     for workload, setup in enumerate(WORKLOADS):
         print(setup.tag, setup.description, flush=True)
         workers = []
@@ -397,8 +553,11 @@ def main() -> None:
         finally:
             for worker in workers:
                 worker.close()
-        fedjax_info = fedjax_info or next((w.info for w in workers if "versions" in w.info), None)
-    body = section(rows, args.quick, rounds, peers, fedjax_info, idle)
+        fedjax_info = fedjax_info or next((w.info for w in workers if "fedjax" in
+                                           w.info.get("versions", {})), None)
+        pfl_info = pfl_info or next((w.info for w in workers if "pfl" in
+                                     w.info.get("versions", {})), None)
+    body = section(rows, args.quick, rounds, peers, fedjax_info, idle, pfl_info)
     print("\n" + body)
     write_section(args.out, HEADING, body)
     print(f"\nwritten to {args.out}")

@@ -70,6 +70,18 @@ def test_transformer_matches_float64_bert_equations_and_ignores_padding():
     np.testing.assert_allclose(padded_differently[0], padded_differently[1], rtol=1e-12)
 
 
+
+def test_training_mode_without_an_rng_runs_without_dropout():
+    """A training-mode call without a dropout key (a client's full gradient, FedEM's E-step) is
+    the evaluation-mode network; with a key, dropout is on."""
+    model = tiny_bert()
+    tokens = jnp.asarray([[2, 5, 7, 0, 0, 0], [2, 9, 3, 4, 10, 1]])
+    params = model.init(jax.random.key(0))
+    plain = model.apply(params, tokens)
+    np.testing.assert_array_equal(model.apply(params, tokens, train=True), plain)
+    dropped = model.apply(params, tokens, train=True, rng=jax.random.key(1))
+    assert np.abs(np.asarray(dropped) - np.asarray(plain)).max() > 1e-4
+
 def test_char_lstm_cell_is_the_lstm_equations():
     """One layer (float32 against a float64 reference): i, f, o = sigmoid, g = tanh of W_i x + W_h h (+ b on the h side);
     c' = f c + i g, h' = o tanh(c')."""

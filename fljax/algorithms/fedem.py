@@ -68,7 +68,9 @@ def fedem(local: LocalSGD | optax.GradientTransformation, model: Model, *,
         del loss_fn
 
         def loss(params, x, y, mask, rng):
-            at_round = component_logits(component, ctx.params["components"], x, True, None, mask)
+            # the responsibilities under the round's components in evaluation mode (no
+            # dropout), as FedEM's code computes its sample weights (under model.eval())
+            at_round = component_logits(component, ctx.params["components"], x, False, None, mask)
             trained = component_logits(component, params["components"], x, True, rng, mask)
             labels = jnp.broadcast_to(jnp.maximum(y, 0), at_round.shape[:-1])
             old = optax.softmax_cross_entropy_with_integer_labels(at_round, labels)   # [M, B..]

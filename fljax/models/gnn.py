@@ -6,7 +6,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from fljax.models.layers import BatchNorm, dense
+from fljax.models.layers import BatchNorm, dense, dropout
 
 
 def neighbour_sum(h: jax.Array, senders: jax.Array, receivers: jax.Array,
@@ -43,5 +43,5 @@ class GIN(nn.Module):
             h = dense(self.num_classes if last else self.hidden, self.hidden,
                       f"conv{i + 1}_fc2")(h)
             if not last:
-                h = nn.relu(nn.Dropout(self.dropout, deterministic=not train)(h))
+                h = nn.relu(dropout(self, train)(h))
         return h

@@ -61,6 +61,13 @@ def conv_function(impl: str):
 DEFAULT_CONV_IMPL = "im2col"
 
 
+def dropout(module: nn.Module, train: bool) -> nn.Dropout:
+    """``module``'s dropout (rate ``module.dropout``), on in training when the call was given a
+    'dropout' rng; a training-mode call without one (``Model.apply(..., train=True, rng=None)``,
+    e.g. a client's full gradient) runs without dropout. Call it inside a compact method."""
+    return nn.Dropout(module.dropout, deterministic=not (train and module.has_rng("dropout")))
+
+
 def max_pool(x, window: int = 2, stride: int | None = None, padding: int = 0):
     """torch ``MaxPool2d(window, stride, padding)`` (floor mode; stride defaults to window) on NHWC.
 

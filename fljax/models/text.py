@@ -14,6 +14,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from fljax.errors import FljaxError
+from fljax.models.layers import dropout
 
 
 class CharLSTM(nn.Module):
@@ -56,9 +57,9 @@ class EncoderLayer(nn.Module):
         q, k, v = (split(nn.Dense(d, name=n)(x)) for n in ("query", "key", "value"))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // self.heads)
         scores = jnp.where(keep[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
-        attention = nn.Dropout(self.dropout, deterministic=not train)(jax.nn.softmax(scores))
+        attention = dropout(self, train)(jax.nn.softmax(scores))
         context = jnp.einsum("bhqk,bkhd->bqhd", attention, v).reshape(b, t, d)
-        drop = nn.Dropout(self.dropout, deterministic=not train)
+        drop = dropout(self, train)
         x = nn.LayerNorm(1e-12, name="attention_norm")(x + drop(nn.Dense(d, name="output")(context)))
         ffn = nn.Dense(d, name="ffn_out")(gelu(nn.Dense(self.intermediate, name="ffn_in")(x)))
         return nn.LayerNorm(1e-12, name="ffn_norm")(x + drop(ffn))
@@ -85,14 +86,14 @@ class TransformerClassifier(nn.Module):
         h = (nn.Embed(self.vocab, self.hidden, name="word_embeddings")(x)
              + nn.Embed(self.max_positions, self.hidden, name="position_embeddings")(positions)
              + nn.Embed(2, self.hidden, name="token_type_embeddings")(jnp.zeros_like(x)))
-        h = nn.Dropout(self.dropout, deterministic=not train)(
+        h = dropout(self, train)(
             nn.LayerNorm(1e-12, name="embedding_norm")(h))
         for i in range(self.layers):
             h = EncoderLayer(self.hidden, self.heads, self.intermediate, self.dropout,
                              name=f"layer{i}")(h, x != 0, train)
         pooled = jnp.tanh(nn.Dense(self.hidden, name="pooler")(h[:, 0]))
         logits = nn.Dense(self.num_classes, name="classifier")(
-            nn.Dropout(self.dropout, deterministic=not train)(pooled))
+            dropout(self, train)(pooled))
         return (pooled, logits) if with_features else logits
 
 

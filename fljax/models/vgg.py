@@ -15,7 +15,7 @@ from typing import Sequence
 
 import flax.linen as nn
 
-from fljax.models.layers import conv, dense, kaiming_normal, max_pool
+from fljax.models.layers import conv, dense, dropout, kaiming_normal, max_pool
 
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
@@ -42,7 +42,7 @@ class VGG(nn.Module):
                                  bias_init=nn.initializers.zeros)(x))
         x = x.reshape(x.shape[0], -1)
         for i in range(2):
-            x = nn.Dropout(self.dropout, deterministic=not train)(x)
+            x = dropout(self, train)(x)
             x = nn.relu(dense(self.hidden, x.shape[-1], f"fc{i + 1}")(x))
         logits = dense(self.num_classes, x.shape[-1], "fc3")(x)
         return (x, logits) if with_features else logits

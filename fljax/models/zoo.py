@@ -15,8 +15,8 @@ import jax.numpy as jnp
 
 from fljax import registry
 from fljax.errors import FljaxError
-from fljax.models.layers import (DEFAULT_CONV_IMPL, BatchNorm, conv, conv1d, dense, max_pool,
-                                 torch_bias_init)
+from fljax.models.layers import (DEFAULT_CONV_IMPL, BatchNorm, conv, conv1d, dense, dropout,
+                                 max_pool, torch_bias_init)
 from fljax.models.model import Model, from_module, input_spec_of
 from fljax.models.resnet import cifar_resnet, torchvision_resnet
 from fljax.models.gnn import GIN
@@ -122,9 +122,9 @@ class ConvNet2(nn.Module):
                 x = BatchNorm(name=f"bn{i + 1}")(x, train, mask)
             x = max_pool(nn.relu(x))
         x = x.reshape(x.shape[0], -1)
-        x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        x = dropout(self, train)(x)
         x = nn.relu(dense(self.hidden, x.shape[-1], "fc1")(x))
-        x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        x = dropout(self, train)(x)
         logits = dense(self.num_classes, x.shape[-1], "fc2")(x)
         return (x, logits) if with_features else logits
 

@@ -333,6 +333,10 @@ def _sweep(argv: list[str]) -> int:
     parser.add_argument("--columns", nargs="+", metavar="COLUMN",
                         help="run only these columns (and the comparisons among them)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--plan", action="store_true",
+                        help="train nothing and read no data: estimate each compiled program's "
+                             "memory, FLOPs and H100 time from the datasets' known shapes "
+                             "(fljax.runner.estimate)")
     _batch_flags(parser)
     args = parser.parse_args(argv)
     spec = sweep.load_sweep(args.file)
@@ -347,6 +351,8 @@ def _sweep(argv: list[str]) -> int:
     seeds = None if args.seeds is None else sweep.parse_seeds(",".join(args.seeds))
     import_recorded(out_dir, depth=4)       # its runs' registered names, for a resume
     cell_list = sweep.cells(spec, args.scale, out_dir, seeds, **changes)
+    if args.plan:
+        return _plan(cell_list, args, name)
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:
@@ -370,6 +376,20 @@ def _sweep(argv: list[str]) -> int:
                                       sweep.results_csv(spec, results)):
             write_file(os.path.join(out_dir, args.scale or "base", csv_name), csv_text)
     print(text + f"\n\nwritten to {path}")
+    return 0
+
+
+def _plan(cell_list, args, name: str) -> int:
+    """``fljax sweep FILE --plan``: the sweep's programs and their estimated costs."""
+    from fljax.runner import estimate
+
+    if args.max_runs is not None and args.max_runs < 1:
+        raise FljaxError(f"--max-runs must be >= 1, got {args.max_runs}")
+    with _ctrl_c_exits("interrupted; nothing was trained or written"):
+        programs = estimate.plan([cell.config for cell in cell_list], args.max_runs,
+                                 say=lambda text: print(text, file=sys.stderr, flush=True))
+    print(f"{name} (scale: {args.scale or 'base'}): what it costs, estimated before running\n\n"
+          + estimate.plan_table(cell_list, programs))
     return 0
 
 

@@ -217,6 +217,37 @@ def build_probes(config: ExperimentConfig, dataset: Dataset, model: Model,
     return result
 
 
+def client_parts(config: ExperimentConfig, dataset: Dataset):
+    """(kept, held, parts, users): the training examples kept after the validation split (and the
+    held-out ones, None without it), each client's examples (``split_clients``) and, with
+    per-user evaluation, the users' splits (``fljax.data.users.split_users``; ``parts`` are then
+    the existing users' training examples). Checks the population against the examples."""
+    kept, held = np.arange(len(dataset.y_train)), None
+    if config.validation_fraction > 0:
+        kept, held = loaders.validation_split(len(dataset.y_train), config.validation_fraction,
+                                              config.seed)
+    if config.num_clients > len(kept):
+        raise FljaxError(f"num_clients ({config.num_clients}) must be <= the number of training "
+                         f"examples ({len(kept)})")
+    if config.batch_size > len(kept):
+        raise FljaxError(f"batch_size ({config.batch_size}) must be <= the number of training "
+                         f"examples ({len(kept)}), or 0 for each client's whole local dataset")
+    users_of = None if dataset.user_train is None else dataset.user_train[kept]
+    parts = [kept[p] for p in split_clients(config, dataset.y_train[kept], users_of)]
+    users = None
+    if config.user_test_fraction > 0:
+        users = split_users(parts, new_fraction=config.new_users, seed=config.seed,
+                            val_fraction=config.user_val_fraction,
+                            test_fraction=config.user_test_fraction,
+                            roles=dataset.role_train)
+        parts = [users.train[i] for i in users.existing]
+        if config.clients_per_round > len(parts):
+            raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "
+                             f"{len(parts)} existing users (num_clients={config.num_clients} "
+                             f"less the new_users={config.new_users} held out)")
+    return kept, held, parts, users
+
+
 def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None,
           shared: dict | None = None) -> Experiment:
     """Load and split the data, build model, algorithm, round function and evaluator.
@@ -250,31 +281,10 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
             seed=config.seed, user_split=user_split, download=config.download,
             sample_users=config.sample_users), config)
     dataset = shared["dataset", source]
-    kept, validation = np.arange(len(dataset.y_train)), None
-    if config.validation_fraction > 0:
-        kept, held = loaders.validation_split(len(dataset.y_train), config.validation_fraction,
-                                              config.seed)
-        take = lambda ids: jax.tree.map(lambda a: a[ids], dataset.x_train)
-        validation = (take(held), dataset.y_train[held])
-    if config.num_clients > len(kept):
-        raise FljaxError(f"num_clients ({config.num_clients}) must be <= the number of training "
-                         f"examples ({len(kept)})")
-    if config.batch_size > len(kept):
-        raise FljaxError(f"batch_size ({config.batch_size}) must be <= the number of training "
-                         f"examples ({len(kept)}), or 0 for each client's whole local dataset")
-    users_of = None if dataset.user_train is None else dataset.user_train[kept]
-    parts = [kept[p] for p in split_clients(config, dataset.y_train[kept], users_of)]
-    users = None
-    if config.user_test_fraction > 0:
-        users = split_users(parts, new_fraction=config.new_users, seed=config.seed,
-                            val_fraction=config.user_val_fraction,
-                            test_fraction=config.user_test_fraction,
-                            roles=dataset.role_train)
-        parts = [users.train[i] for i in users.existing]
-        if config.clients_per_round > len(parts):
-            raise FljaxError(f"clients_per_round ({config.clients_per_round}) must be <= the "
-                             f"{len(parts)} existing users (num_clients={config.num_clients} "
-                             f"less the new_users={config.new_users} held out)")
+    _, held, parts, users = client_parts(config, dataset)
+    validation = None
+    if held is not None:
+        validation = (jax.tree.map(lambda a: a[held], dataset.x_train), dataset.y_train[held])
     per_client_class = config.class_noise > 0 and config.class_noise_reading == "per_client"
     if config.client_noise > 0 or per_client_class:   # each client its own copies (data.noise)
         e, _ = noise.draws(config.num_clients, dataset.num_classes, dataset.x_train.shape[-1],

@@ -90,6 +90,12 @@ def structure(config: ExperimentConfig) -> str:
     and run settings aside). A config that is not ``batchable`` has a key of its own."""
     if not batchable(config):
         return json.dumps(values(config), sort_keys=True, default=str)
+    return program_key(config)
+
+
+def program_key(config: ExperimentConfig) -> str:
+    """The program ``config``'s round compiles to, batchable or not: its values less the traced,
+    data and run ones (equal keys: programs of equal shapes and operations)."""
     skipped = set(RUN_FIELDS) | set(DATA_FIELDS)
     key = {}
     for name, value in values(config).items():
