@@ -10,10 +10,15 @@ written as soon as it ends):
   conv          per-client convolutions, XLA's (a grouped conv once vmapped) vs im2col, on (b);
   unroll        the lax.scan over local steps unrolled 1, 2, 5 (all) steps per iteration, on (b);
   dtype         bfloat16 compute with float32 parameters vs float32, on (b);
-  runs          R = 1 .. 2048 digits-MLP FedAvg runs (own seed, split, lr) in one program;
+  runs          R = 1 .. 2048 digits-MLP FedAvg runs (own seed, split, lr) in one program, and
+                the batched-runs target: >= 5x the run-rounds/s of R = 1 at some R >= 64;
   peers         peers.py's three workloads: fljax's default row vs pfl-research's simulation on
                 the GPU (pfl_round.py in build/pfl-venv, built with a CUDA PyTorch); a line
-                saying why, and no rows, when pfl or a CUDA PyTorch is not there.
+                saying why, and no rows, when pfl or a CUDA PyTorch is not there;
+  calibrate     one full-scale cell of a real sweep file per model family (VGG-11, ResNet-20,
+                ConvNet2, Tiny CNN) on synthetic data of its dataset's shapes: measured s/round
+                next to ``fljax.runner.estimate.estimate``'s (the ``--plan`` estimate), and their
+                ratio.
 Rows are timed as in round_speed.py (``timing.round_robin``: one warm-up round, then the median
 of timed rounds taken round-robin). The report is the section ``GPU rows`` of --out; --only
 replaces one step's part and keeps the others. It needs a GPU; --smoke runs every step at a tiny
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import subprocess
 import sys
@@ -57,6 +63,7 @@ class Scale(NamedTuple):
     finish_rounds: int                 # rounds of the finish step's whole run
     budget: float                      # seconds a step may run
     run_counts: tuple[int, ...]        # R of the runs step
+    calibrate_rounds: int              # timed rounds per family of the calibrate step
 
 
 def tiny_cnn(conv_impl: str) -> Model:
@@ -79,9 +86,11 @@ def smoke_setup(setup: Setup) -> Setup:
 
 
 FULL = Scale("full", SETUPS, timed_rounds=10, slow_rounds=2, chunks=(1, 5, 10, 25, 50),
-             finish_rounds=1500, budget=STEP_BUDGET, run_counts=(1, 8, 64, 512, 2048))
+             finish_rounds=1500, budget=STEP_BUDGET, run_counts=(1, 8, 64, 512, 2048),
+             calibrate_rounds=3)
 SMOKE = Scale("smoke", tuple(smoke_setup(s) for s in SETUPS), timed_rounds=1, slow_rounds=1,
-              chunks=(1, 2, 4), finish_rounds=4, budget=SMOKE_BUDGET, run_counts=(1, 2))
+              chunks=(1, 2, 4), finish_rounds=4, budget=SMOKE_BUDGET, run_counts=(1, 2),
+              calibrate_rounds=1)
 
 
 # ---------------------------------------------------------------- report pieces
@@ -252,7 +261,7 @@ def step_runs(scale: Scale) -> str:
     build = lambda h: fljax.fedavg(fljax.local_sgd(h["lr"]))
     lines = ["| runs R | first round (compiles), s | s/round | run-rounds/s | vs R = 1 |",
              "|---|---|---|---|---|"]
-    single = None
+    single, ratios = None, {}
     for runs in scale.run_counts:
         datas = [first] + [with_parts(first, dirichlet(ds.y_train, 20, 0.3, seed=s))
                            for s in range(1, runs)]
@@ -272,13 +281,199 @@ def step_runs(scale: Scale) -> str:
         timing = round_robin([one_round], [scale.timed_rounds])[0]
         rate = runs / timing.seconds
         single = single or rate
+        ratios[runs] = rate / single
         lines.append(f"| {runs} | {compiled:.2f} | {timing.seconds:.4f} | {rate:,.1f} | "
                      f"{rate / single:.1f}x |")
         print(lines[-1], flush=True)
     return "\n\n".join([
         run_line(scale), "The README's main job, R runs in one program, each its own seed "
         "(initial model, cohorts, batches), Dirichlet split and local lr (0.05 to 0.2, traced); "
-        "the runs side by side (vmap, the default off CPU).", "\n".join(lines)])
+        "the runs side by side (vmap, the default off CPU).", "\n".join(lines),
+        runs_target(ratios)])
+
+
+RUNS_TARGET = 5.0     # batched runs: run-rounds/s at some R >= RUNS_AT, over R = 1's
+RUNS_AT = 64
+
+
+def runs_target(ratios: dict[int, float]) -> str:
+    """The batched-runs target's line from the runs step's {R: run-rounds/s over R = 1's}."""
+    line = (f"Target (batched runs): >= {RUNS_TARGET:g}x the run-rounds/s of R = 1 at some "
+            f"R >= {RUNS_AT}: ")
+    counted = {r: ratio for r, ratio in ratios.items() if r >= RUNS_AT}
+    if not counted:
+        return line + f"not measured (no R >= {RUNS_AT} in this run)."
+    best = max(counted, key=counted.get)
+    at = ", ".join(f"{ratio:.1f}x at R = {r}" for r, ratio in counted.items())
+    verdict = "met" if counted[best] >= RUNS_TARGET else "NOT met"
+    return line + f"{verdict} (best {counted[best]:.1f}x at R = {best}; {at})."
+
+
+# The calibrate step's families: (family, sweep file in experiments/, the model of its cell).
+FAMILIES = (("VGG-11, CIFAR-10 cross-device", "feddyn_init_table1_cross_device.json", "vgg11"),
+            ("ResNet-20, CIFAR-100", "evidence_feddyn_init.json", "resnet20"),
+            ("ConvNet2, FEMNIST", "evidence_compression_natural.json", "convnet2"),
+            ("Tiny CNN, Tiny-ImageNet", "fedbug_table3_tiny.json", "tiny_cnn"))
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments")
+SMOKE_CELL = dict(num_clients=4, clients_per_round=2, batch_size=4, local_steps=2,
+                  partition="iid", validation_fraction=0.0)   # a cell at the smoke scale
+SMOKE_EXAMPLES = 8                                            # per client, at the smoke scale
+COMPILE_ALLOWANCE = 60    # seconds a family's compilation is assumed to take (the step's budget)
+
+
+class Calibration(NamedTuple):
+    family: str
+    sweep_file: str
+    cell: str              # the cell: row / column, grid point, seed
+    work: str              # its model, data and local work
+    measured: float | None    # median s/round (None: not measured, ``note`` says why)
+    estimated: float | None   # the estimate's s/round
+    timing: object = None     # timing.Timing of the measured rounds
+    note: str = ""            # what the estimate read, and why a family was not measured
+    how: str = ""             # how the estimate was made
+
+
+def synthetic(data, num_classes: int, vocab: int, key: jax.Array, clients: int | None = None,
+              per_client: int = SMOKE_EXAMPLES):
+    """A FederatedData of values for ``data``'s abstract x and y (jax.ShapeDtypeStruct):
+    floating inputs normal noise, integer inputs uniform in [0, vocab), booleans fair coins,
+    labels uniform in [0, num_classes); index, offset and count as ``data``'s, or, with
+    ``clients``, that many clients of ``per_client`` examples each (the same shapes per example)."""
+    x, y = data.x, data.y
+    if clients is not None:
+        n = clients * per_client
+        resize = lambda a: jax.ShapeDtypeStruct((n, *a.shape[1:]), a.dtype)
+        x, y = jax.tree.map(resize, x), resize(y)
+        data = data._replace(index=jnp.arange(n, dtype=jnp.int32),
+                             offset=jnp.arange(clients, dtype=jnp.int32) * per_client,
+                             count=jnp.full((clients,), per_client, jnp.int32))
+    leaves, tree = jax.tree.flatten(x)
+    keys = jax.random.split(key, len(leaves) + 1)
+
+    def fill(a, k):
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            return jax.random.normal(k, a.shape, a.dtype)
+        if a.dtype == jnp.bool_:
+            return jax.random.bernoulli(k, 0.5, a.shape)
+        return jax.random.randint(k, a.shape, 0, vocab, a.dtype)
+
+    return data._replace(x=tree.unflatten([fill(a, k) for a, k in zip(leaves, keys[1:])]),
+                         y=jax.random.randint(keys[0], y.shape, 0, num_classes, y.dtype))
+
+
+def vocabulary(model: Model) -> int:
+    """The token count of integer inputs: the rows of the model's smallest embedding table
+    (2 if it has none)."""
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    return min((leaf.shape[0] for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)
+                if "embed" in jax.tree_util.keystr(path).lower() and leaf.ndim == 2), default=2)
+
+
+def work_of(config) -> str:
+    """A cell's model, data and local work in a few words."""
+    local = (f"{config.local_steps} local steps" if config.local_steps is not None else
+             f"{config.local_epochs:g} local epochs")
+    return (f"{config.model} on {config.dataset}, {config.clients_per_round} of "
+            f"{config.num_clients} clients ({config.partition}), {local} at B{config.batch_size}")
+
+
+def calibrate(family: str, sweep_file: str, model_name: str, scale: Scale,
+              left: float) -> Calibration:
+    """One family: the first cell of ``sweep_file`` at scale 'full' whose model is
+    ``model_name`` (shrunk to SMOKE_CELL at the smoke scale), trained on synthetic data of its
+    dataset's shapes for one warm-up and ``scale.calibrate_rounds`` timed rounds, next to its
+    estimate. At full scale it is not run when the estimate says it would not fit in ``left``
+    seconds (COMPILE_ALLOWANCE + a warm-up and twice the timed rounds)."""
+    from fljax import make_round
+    from fljax.runner import estimate, experiment, sweep
+    from timing import round_robin
+
+    with tempfile.TemporaryDirectory() as folder:
+        cells = sweep.cells(sweep.load_sweep(os.path.join(EXPERIMENTS, sweep_file)), "full",
+                            folder)
+    cell = next(c for c in cells if c.config.model == model_name)
+    config = cell.config
+    if scale.name == "smoke":
+        config = config.replace(**SMOKE_CELL).validate()
+    name = " / ".join([cell.row, cell.column] + [f"{k}={v}" for k, v in cell.setting])
+    found = Calibration(family, sweep_file, f"{name}, seed {cell.seed}", work_of(config), None,
+                        None)
+    guess = estimate.estimate(config)
+    found = found._replace(estimated=guess.seconds_per_round, how=guess.how, note=(
+        f"estimated from {guess.source}: {guess.flops_per_round / 1e9:,.2f} GFLOP per round, "
+        f"{guess.device_bytes / 2**30:.2f} GiB on the device"))
+    needed = COMPILE_ALLOWANCE + (1 + 2 * scale.calibrate_rounds) * guess.seconds_per_round
+    if scale.name != "smoke" and needed > left:
+        return found._replace(note=found.note + f"; not measured: at the estimate, {needed:.0f} "
+                                                f"s (with {COMPILE_ALLOWANCE} s to compile) "
+                                                f"exceed the step's remaining {left:.0f} s")
+    abstract = estimate.abstract_round(config)
+    model = abstract.model
+    data = synthetic(abstract.data, model.num_classes, vocabulary(model), jax.random.PRNGKey(1),
+                     clients=config.num_clients if scale.name == "smoke" else None)
+    round_fn = make_round(experiment.build_algorithm(config, model, data), model, data,
+                          **experiment.round_settings(config), num_devices=config.num_devices,
+                          probes=experiment.build_probes(config, None, model, data))
+    state = round_fn.init_state(model.init(jax.random.PRNGKey(0)), 0)
+
+    def one_round():
+        nonlocal state
+        state = jax.block_until_ready(round_fn(state))[0]
+
+    timing = round_robin([one_round], [scale.calibrate_rounds])[0]
+    return found._replace(measured=timing.seconds, timing=timing)
+
+
+def calibration_table(found: Sequence[Calibration]) -> str:
+    """The calibrate step's table: measured and estimated s/round and their ratio."""
+    def number(v: float | None) -> str:     # 4 decimals, or 3 significant digits if fewer
+        if v is None:
+            return "-"
+        return f"{v:.{max(4, 2 - math.floor(math.log10(v))) if v > 0 else 4}f}"
+
+    lines = ["| family | sweep file | cell | work | measured s/round | estimated s/round | "
+             "measured / estimated |", "|---|---|---|---|---|---|---|"]
+    for c in found:
+        ratio = ("-" if c.measured is None or not c.estimated else
+                 f"{c.measured / c.estimated:,.2f}x")
+        lines.append(f"| {c.family} | {c.sweep_file} | {c.cell} | {c.work} | "
+                     f"{number(c.measured)} | {number(c.estimated)} | {ratio} |")
+    return "\n".join(lines)
+
+
+def step_calibrate(scale: Scale) -> str:
+    """Each family of FAMILIES: measured s/round of one full-scale cell next to its estimate."""
+    started, found = time.perf_counter(), []
+    for family, sweep_file, model_name in FAMILIES:
+        print(f"  {family} ({sweep_file})", flush=True)
+        left = scale.budget - (time.perf_counter() - started)
+        try:
+            found.append(calibrate(family, sweep_file, model_name, scale, left))
+        except Exception as e:      # the report says which family failed and why
+            found.append(Calibration(family, sweep_file, "-", "-", None, None,
+                                     note=f"failed: {type(e).__name__}: {e}"))
+        print(calibration_table(found[-1:]).splitlines()[-1], flush=True)
+    notes = []
+    for c in found:
+        note = c.note
+        if c.timing is not None and c.timing.disturbed:
+            note += (f"; {c.timing.disturbed} timed rounds disturbed by other processes, "
+                     f"median over {c.timing.clean} clean ones")
+        notes.append(f"- {c.family}: {note or 'no note'}.")
+    smoke = (" At the smoke scale each cell is shrunk to 2 of 4 IID clients of "
+             f"{SMOKE_EXAMPLES} examples, 2 local steps at B4 (the real model), and so is its "
+             "estimate." if scale.name == "smoke" else "")
+    return "\n\n".join([
+        run_line(scale._replace(timed_rounds=scale.calibrate_rounds)),
+        "For each model family, one cell of a real sweep file at its `full` scale (the first "
+        "with that model), trained on synthetic data of its dataset's shapes (normal noise inputs, uniform labels) with the cell's algorithm, local work, "
+        "augmentation and probes, as the runner builds its round; measured: the median of "
+        f"{scale.calibrate_rounds} timed rounds after one warm-up round; estimated: "
+        "`fljax.runner.estimate.estimate(config).seconds_per_round` (the `--plan` estimate, in "
+        "H100 seconds) for the same cell. A ratio above 1x: the estimate is optimistic." + smoke,
+        calibration_table(found), "\n".join(notes)] + [
+            f"How the estimates are made: {how}." for how in dict.fromkeys(
+                c.how for c in found if c.how)])
 
 
 def step_peers(scale: Scale) -> str:
@@ -321,6 +516,7 @@ STEPS = {   # name: (title in the report, the step)
     "dtype": ("6. bfloat16 compute on (b)", step_dtype),
     "runs": ("7. Many runs in one program (digits MLP)", step_runs),
     "peers": ("8. fljax vs pfl-research on peers.py's workloads", step_peers),
+    "calibrate": ("9. Calibration: measured s/round against the estimate", step_calibrate),
 }
 
 HEADING = "GPU rows (`benchmarks/gpu.py`)"
@@ -332,7 +528,9 @@ after {STEP_BUDGET} s (or `--budget`). Rows are timed as in round_speed.py: one 
 (which compiles), then the median of timed rounds taken round-robin over a step's rows, each waited
 for. In steps 3-6, `[default]` marks what `make_round` does without the option, "ratio to default"
 is a row's time over that row's, and the limit is round_speed.py's: the same SGD steps in ONE
-jitted `lax.scan` with no FL logic.
+jitted `lax.scan` with no FL logic. Step 7 holds the batched-runs target (>= {RUNS_TARGET:g}x
+the run-rounds/s of R = 1 at some R >= {RUNS_AT}); step 9 measures real sweep cells against the
+`--plan` estimate.
 """
 
 

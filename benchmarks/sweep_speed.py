@@ -15,7 +15,9 @@ that differ only in traced values and data share a program, spread over the host
 (one per core). Each (workload, mode) runs in its own process, with a fresh output directory and
 compilation cache, one after the other: wall time, compile time (tracing, lowering and XLA
 compiling or loading, from JAX's own event timers) and the process's peak resident memory. The
-ratio is one / batched; both modes must give the same results table (checked).
+ratio is one / batched; both modes must give the same results table (checked). The ratio is
+information, with no target here: the batched-runs target (>= 5x run-rounds/s at R >= 64) is the
+GPU's, stated and checked by ``benchmarks/gpu.py``'s runs step.
 """
 
 from __future__ import annotations
@@ -147,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{result['compile']:.1f} | {result['peak_mb']:.0f} | {ratio} |")
         notes.append(f"{workload}: the two results tables are "
                      f"{'identical' if same else 'different in ' + differing(one, batched)}; "
-                     f"batched, {one['wall'] / batched['wall']:.2f}x one at a time (target "
-                     f">= 5x: {'met' if one['wall'] >= 5 * batched['wall'] else 'NOT met'})")
+                     f"batched, {one['wall'] / batched['wall']:.2f}x one at a time "
+                     "(information, no target: the batched-runs target is the GPU's, in "
+                     "`benchmarks/gpu.py`'s runs step)")
         print("\n".join(lines), flush=True)
     body = "\n\n".join([
         f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. "

@@ -29,6 +29,7 @@ ROWS = {
     "7. Many runs in one program": ["1", "2"],
     # Rows only where pfl-research's environment has a CUDA PyTorch; else one line says why.
     "8. fljax vs pfl-research": [],
+    "9. Calibration": ["VGG-11", "ResNet-20", "ConvNet2", "Tiny CNN"],
 }
 NUMBER = r"\d[\d,]*\.?\d*x?"
 
@@ -57,6 +58,32 @@ def test_smoke_run_writes_every_step_with_numbers(tmp_path):
             assert matches, (start, label)
             for row in matches:
                 assert sum(bool(re.fullmatch(NUMBER, c)) for c in row) >= 3, row
+    (runs,) = [body for title, body in found.items() if title.startswith("7. ")]
+    assert ("Target (batched runs): >= 5x the run-rounds/s of R = 1 at some R >= 64: not "
+            "measured (no R >= 64 in this run).") in runs
+    check_calibration(next(body for title, body in found.items() if title.startswith("9. ")))
+
+
+def check_calibration(body: str) -> None:
+    """The calibrate step's table: a row per family whose measured / estimated is the ratio of
+    its measured and estimated s/round (as printed), each a positive number."""
+    lines = [line for line in body.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("| ").split(" | ")]
+    assert header[-3:] == ["measured s/round", "estimated s/round", "measured / estimated"]
+    rows = [[cell.strip() for cell in line.strip("| ").split(" | ")]
+            for line in lines[1:]]   # after the header ('|---|' does not start with '| ')
+    assert [row[0].split(",")[0] for row in rows] == ["VGG-11", "ResNet-20", "ConvNet2",
+                                                      "Tiny CNN"]
+    for row in rows:
+        measured, estimated, ratio = row[-3:]
+        assert re.fullmatch(r"\d+\.\d{4,}", measured), row
+        assert re.fullmatch(r"\d+\.\d{4,}", estimated), row
+        assert re.fullmatch(r"\d[\d,]*\.\d{2}x", ratio), row
+        measured, estimated = float(measured), float(estimated)
+        assert measured > 0 and estimated > 0, row
+        # each printed to >= 3 significant digits; the ratio to 2 decimals
+        ratio = float(ratio[:-1].replace(",", ""))
+        assert abs(ratio - measured / estimated) <= 0.005 + 0.02 * measured / estimated, row
 
 
 def test_without_a_gpu_it_refuses_in_one_line(tmp_path):
