@@ -59,6 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MARKER = "@peer "            # a helper process's answer line (see fedjax_round.py)
 TARGET_FLOWER = 20.0         # fljax >= 20x faster than Flower's simulation
 TARGET_TORCH = 5.0           # fljax >= 5x faster than the PyTorch per-client loop
+TARGET_PFL = 1.0             # fljax faster than pfl-research's simulation (> 1x), either mode
 RAY_INIT = {"num_cpus": 2, "include_dashboard": False}
 HEADING = "Peers (`benchmarks/peers.py`)"
 
@@ -423,10 +424,11 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def targets(rows: Sequence[Row]) -> str:
-    """fljax's speed-up over Flower and the PyTorch loop against the targets, for the default
-    fljax row and, where it differs, the fastest one; FedJAX's ratio without a target."""
+    """fljax's speed-up over Flower, the PyTorch loop and pfl-research against the targets, for
+    the default fljax row and, where it differs, the fastest one; FedJAX's ratio without a
+    target."""
     goals = {"flower": ("Flower", TARGET_FLOWER), "torch": ("the PyTorch loop", TARGET_TORCH),
-             "fedjax": ("FedJAX", None), "pfl": ("pfl-research", None)}
+             "fedjax": ("FedJAX", None), "pfl": ("pfl-research", TARGET_PFL)}
     lines = []
     for setup in dict.fromkeys(r.setup for r in rows):
         same = [r for r in rows if r.setup is setup]
@@ -439,8 +441,12 @@ def targets(rows: Sequence[Row]) -> str:
                 if peer.kind == "pfl":
                     name += " " + peer.label.split(", ", 1)[1].split(" (")[0]
                 ratio = peer.seconds / ours.seconds
-                target = ("no target" if goal is None else
-                          f"target >= {goal:g}x: {verdict(ratio >= goal)}")
+                if goal is None:
+                    target = "no target"
+                elif peer.kind == "pfl":       # faster, strictly
+                    target = f"target > {goal:g}x: {verdict(ratio > goal)}"
+                else:
+                    target = f"target >= {goal:g}x: {verdict(ratio >= goal)}"
                 lines.append(f"- {setup.tag} {title} fljax row ({ours.label}) vs {name}: "
                              f"{ratio:.2f}x, {target}")
     return "\n".join(lines)
@@ -526,7 +532,22 @@ def section(rows: Sequence[Row], quick: bool, rounds: int, peers: Peers,
         "a little), the helper processes took " + ", ".join(
             f"{cores:.3f} of a core in {tag}" for tag, cores in idle.items()) + "."]
         if idle else []) + [
-        "Targets:\n\n" + targets(rows)])
+        "Targets:\n\n" + targets(rows), TWO_CORES])
+
+
+TWO_CORES = """Using both cores, fljax against pfl-research. pfl's two-process mode trains two clients at
+once, one per core. fljax's ways to do the same: the cohort sharded over two XLA CPU devices is a
+row of every workload here; in separate runs on this machine (some rounds disturbed by other
+work), clients side by side (`client_chunk` 2 or 5) were never faster than one after another, and
+turning XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`) left (ii) unchanged
+(3.75 against 3.77 s) and made (iii) slower (4.73 against 3.94 s): the default already uses the
+second core inside the convolutions. The default stays one device with clients
+one after another: sharding wins on the MLP (i), where the per-client kernels are too small to
+spread over two cores, and loses or ties on the CNNs (ii) and (iii), whose convolutions and
+matmuls already keep both cores busy. There, fljax and pfl's two processes run at about the same
+rate (0.97x and 1.00x in this run; sharded rows won some earlier, disturbed runs and lost others):
+both are bound by the two cores' arithmetic, and what remains is the kernel libraries' (XLA:CPU's
+Eigen against PyTorch's oneDNN); on (ii) fljax's default is 3 % slower than pfl's two processes."""
 
 
 # ---------------------------------------------------------------- main
