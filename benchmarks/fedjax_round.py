@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import sys
 import time
 
@@ -32,13 +31,8 @@ import jax
 import numpy as np
 from fedjax.algorithms import fed_avg
 
-NUM_CLASSES = 10
-MARKER = "@peer "
+from peer_protocol import NUM_CLASSES, answer, widths, workload_parser
 
-
-def widths(text: str) -> tuple[int, ...]:
-    """'32,64' -> (32, 64); '' -> ()."""
-    return tuple(int(w) for w in text.split(",") if w)
 
 
 def haiku_model(image: tuple[int, ...], channels: tuple[int, ...], hidden: tuple[int, ...],
@@ -71,23 +65,8 @@ def federated_data(args: argparse.Namespace) -> fedjax.FederatedData:
         for i in range(args.clients)})
 
 
-def answer(message: dict) -> None:
-    print(MARKER + json.dumps(message), flush=True)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image", required=True, help="H,W,C of one example")
-    parser.add_argument("--channels", default="", help="conv widths, e.g. 32,64 (none: MLP)")
-    parser.add_argument("--hidden", default="", help="dense widths before the output layer")
-    parser.add_argument("--kernel", type=int, default=5)
-    parser.add_argument("--clients", type=int, required=True)
-    parser.add_argument("--examples", type=int, required=True, help="examples per client")
-    parser.add_argument("--cohort", type=int, required=True, help="clients per round")
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--epochs", type=int, default=1, help="local epochs")
-    parser.add_argument("--lr", type=float, default=0.05, help="client SGD learning rate")
-    args = parser.parse_args()
+    args = workload_parser(__doc__.splitlines()[0]).parse_args()
 
     model = haiku_model(widths(args.image), widths(args.channels), widths(args.hidden),
                         args.kernel)

@@ -53,10 +53,10 @@ from fljax.models.layers import conv, dense, max_pool, torch_bias_init  # noqa: 
 from round_speed import (NUM_CLASSES, SETUPS, TORCH_THREADS, Candidate, Row, Setup,
                          check_same_size, disturbance, fljax_round, measure, synthetic_data,
                          torch_data, torch_local_sgd, torch_model, torch_round, verdict)
+from peer_protocol import MARKER, answer
 from timing import descendants_cpu_seconds, machine, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MARKER = "@peer "            # a helper process's answer line (see fedjax_round.py)
 TARGET_FLOWER = 20.0         # fljax >= 20x faster than Flower's simulation
 TARGET_TORCH = 5.0           # fljax >= 5x faster than the PyTorch per-client loop
 TARGET_PFL = 1.0             # fljax faster than pfl-research's simulation (> 1x), either mode
@@ -147,10 +147,6 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-
-
-def answer(message: dict) -> None:
-    print(MARKER + json.dumps(message), flush=True)
 
 
 # ---------------------------------------------------------------- Flower (runs in a helper)

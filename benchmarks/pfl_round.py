@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import sys
 import time
 
@@ -60,13 +59,8 @@ from pfl.internal.ops.selector import get_default_framework_module as get_ops
 from pfl.metrics import Metrics, Weighted
 from pfl.model.pytorch import PyTorchModel
 
-NUM_CLASSES = 10
-MARKER = "@peer "
+from peer_protocol import NUM_CLASSES, answer, widths, workload_parser
 
-
-def widths(text: str) -> tuple[int, ...]:
-    """'32,64' -> (32, 64); '' -> ()."""
-    return tuple(int(w) for w in text.split(",") if w)
 
 
 class Transpose2D(nn.Module):
@@ -140,10 +134,6 @@ def federated_data(args: argparse.Namespace) -> FederatedDataset:
                             user_id_to_weight={i: args.examples for i in users})
 
 
-def answer(message: dict) -> None:
-    print(MARKER + json.dumps(message), flush=True)
-
-
 class Requests:
     """Rank 0 reads one request line per round from stdin and tells the other processes (a
     broadcast over torch.distributed) whether one came; every process then runs the round."""
@@ -187,18 +177,8 @@ class Answer(TrainingProcessCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image", required=True, help="H,W,C of one example")
+    parser = workload_parser(__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("conv_net", "simple_cnn"), default="conv_net")
-    parser.add_argument("--channels", default="", help="conv widths, e.g. 32,64 (none: MLP)")
-    parser.add_argument("--hidden", default="", help="dense widths before the output layer")
-    parser.add_argument("--kernel", type=int, default=5)
-    parser.add_argument("--clients", type=int, required=True)
-    parser.add_argument("--examples", type=int, required=True, help="examples per client")
-    parser.add_argument("--cohort", type=int, required=True, help="clients per round")
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--epochs", type=int, default=1, help="local epochs")
-    parser.add_argument("--lr", type=float, default=0.05, help="client SGD learning rate")
     args = parser.parse_args()
 
     torch.manual_seed(0)

@@ -59,11 +59,7 @@ def test_every_full_scale_cell_builds(path, tmp_path):
             continue
         split.add(key)
         config = cell.config.validate().resolved()
-        source = ("dataset", config.dataset, config.data_dir, config.num_clients, config.seed,
-                  config.sample_users, config.class_noise, config.class_noise_reading)
-        if source not in shared:
-            shared[source] = estimate.shapes_of(config)
-        _, _, parts, _ = client_parts(config, shared[source][0])
+        _, _, parts, _ = client_parts(config, estimate.shapes_of(config, shared)[0])
         assert sum(map(len, parts)) > 0
     first_seed = [c for c in cells if c.seed == cells[0].seed]
     programs = {grouping.program_key(c.config): c.config for c in first_seed}

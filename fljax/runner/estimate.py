@@ -83,8 +83,21 @@ def nbytes(tree) -> int:
                    for a in jax.tree.leaves(tree)))
 
 
-def shapes_of(config: ExperimentConfig) -> tuple[Dataset, str]:
-    """The config's dataset, or a stand-in of its known shapes when it does not load here."""
+def shapes_of(config: ExperimentConfig, shared: dict | None = None) -> tuple[Dataset, str]:
+    """(dataset, where its shapes come from): the config's dataset, or a stand-in of its known
+    shapes when it does not load here; kept in ``shared`` by what it depends on."""
+    key = ("dataset", config.dataset, config.data_dir, config.num_clients, config.seed,
+           config.sample_users, config.class_noise, config.class_noise_reading,
+           config.user_test_fraction > 0)
+    if shared is not None and key in shared:
+        return shared[key]
+    found = _shapes_of(config)
+    if shared is not None:
+        shared[key] = found
+    return found
+
+
+def _shapes_of(config: ExperimentConfig) -> tuple[Dataset, str]:
     offline = (config.dataset in loaders.OFFLINE_DATASETS or config.dataset.startswith(
         ("mnist1d", "synthetic")))
     has_data = config.data_dir is not None and os.path.isdir(os.path.expanduser(
@@ -131,11 +144,7 @@ def abstract_round(config: ExperimentConfig, runs: int | None = None,
     (every check of ``make_round``) but its state is None."""
     config = config.validate().resolved()
     shared = {} if shared is None else shared
-    source_key = ("dataset", config.dataset, config.data_dir, config.num_clients, config.seed,
-                  config.sample_users, config.class_noise, config.class_noise_reading)
-    if source_key not in shared:
-        shared[source_key] = shapes_of(config)
-    dataset, source = shared[source_key]
+    dataset, source = shapes_of(config, shared)
     _, _, parts, _ = client_parts(config, dataset)
     abstract = lambda a: jax.ShapeDtypeStruct(
         np.shape(a), jax.dtypes.canonicalize_dtype(
