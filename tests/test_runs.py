@@ -2,6 +2,10 @@
 its model, server, client and probe states to 1e-12, with its hyperparameters traced in the batch
 and Python floats alone. Every run has its own seed and its own split."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,3 +154,29 @@ def test_an_algorithm_with_hyperparameters_needs_a_builder():
                           local_steps=1)
     with pytest.raises(FljaxError, match="takes no hyperparameters"):
         round_fn.init_state(model.init(jax.random.PRNGKey(0)), 0, {"lr": 0.1})
+
+
+SPREAD_ROWS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from fljax.core.runs import stack, take
+mesh = Mesh(np.array(jax.devices()), ("runs",))
+x = jax.device_put(jnp.arange(24.0).reshape(8, 3), NamedSharding(mesh, P("runs")))
+shared = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P()))
+rows = [take({"x": x, "shared": shared}, r) for r in range(8)]
+for r, row in enumerate(rows):
+    assert np.array_equal(row["x"], np.arange(24.0).reshape(8, 3)[r]) and float(row["shared"]) == r
+    assert row["x"].devices() == {jax.devices()[r // 2]}, row["x"].devices()
+assert np.array_equal(stack(rows)["x"], np.arange(24.0).reshape(8, 3))
+print("OK")
+"""
+
+
+def test_a_run_of_a_batch_spread_over_devices_is_read_from_its_own_device():
+    """``take`` reads run r's row from the device that holds it (no program over every device,
+    whose collective could wait forever on CPU devices sharing two cores), and ``stack`` stacks
+    rows from different devices."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run([sys.executable, "-c", SPREAD_ROWS], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-2000:]

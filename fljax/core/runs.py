@@ -28,13 +28,37 @@ from fljax.hyperparams import is_number
 
 
 def take(tree: Any, run: int) -> Any:
-    """Run ``run``'s slice of a batched pytree (every leaf's row ``run``)."""
-    return jax.tree.map(lambda a: a[run], tree)
+    """Run ``run``'s slice of a batched pytree (every leaf's row ``run``). A leaf whose runs are
+    spread over devices gives the row from the one device that holds it: indexing the whole
+    array would be a program over every device with a collective, and on CPU devices that share
+    a few cores such a collective between rounds can wait forever for a busy device."""
+    return jax.tree.map(lambda a: _row(a, run), tree)
+
+
+def _row(leaf: Any, run: int) -> Any:
+    shards = getattr(leaf, "addressable_shards", None)
+    if shards is None or len(shards) < 2 or isinstance(leaf, jax.core.Tracer) or not leaf.ndim:
+        return leaf[run]
+    for shard in shards:
+        rows = shard.index[0] if shard.index else slice(None)
+        start, stop, _ = rows.indices(leaf.shape[0])
+        if start <= run < stop and all(s == slice(None) or s.indices(n)[:2] == (0, n)
+                                       for s, n in zip(shard.index[1:], leaf.shape[1:])):
+            return shard.data[run - start]
+    return leaf[run]
 
 
 def stack(trees: Sequence[Any]) -> Any:
-    """Trees of the same structure stacked on a new leading run axis."""
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+    """Trees of the same structure stacked on a new leading run axis (leaves on different
+    devices, e.g. rows ``take`` read from a spread batch, meet on the host first)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(_on_one_device(leaves)), *trees)
+
+
+def _on_one_device(leaves: Sequence[Any]) -> Sequence[Any]:
+    devices = {device for leaf in leaves
+               if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer)
+               for device in leaf.devices()}
+    return leaves if len(devices) < 2 else [np.asarray(leaf) for leaf in leaves]
 
 
 def hparams_of(values: Mapping[str, Any], dtype) -> dict[str, jax.Array]:
