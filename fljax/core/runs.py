@@ -39,11 +39,9 @@ def _row(leaf: Any, run: int) -> Any:
     shards = getattr(leaf, "addressable_shards", None)
     if shards is None or len(shards) < 2 or isinstance(leaf, jax.core.Tracer) or not leaf.ndim:
         return leaf[run]
-    for shard in shards:
-        rows = shard.index[0] if shard.index else slice(None)
-        start, stop, _ = rows.indices(leaf.shape[0])
-        if start <= run < stop and all(s == slice(None) or s.indices(n)[:2] == (0, n)
-                                       for s, n in zip(shard.index[1:], leaf.shape[1:])):
+    for shard in shards:          # the shard with row ``run`` and every other axis whole
+        start, stop, _ = shard.index[0].indices(leaf.shape[0])
+        if start <= run < stop and shard.data.shape[1:] == leaf.shape[1:]:
             return shard.data[run - start]
     return leaf[run]
 
