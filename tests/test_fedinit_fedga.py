@@ -186,26 +186,34 @@ def feddyn_ri_reference(params, x, y, parts, *, beta, rule, alpha, lr, lr_decay,
     return w, hs, lasts
 
 
-@pytest.mark.parametrize("aggregate", ["start", "final"])
+@pytest.mark.parametrize("aggregate", ["start", "final", "mixed"])
 def test_feddyn_with_relaxed_init_is_the_documented_rule(aggregate):
     """relaxed_init(feddyn) with aggregate='final' is Algorithm 1 with FedDyn's own rules, 'start'
-    is fljax's default; FL-Simulator's FedDyn + RI is neither (fedinit.py's docstring)."""
+    is fljax's default, 'mixed' is FL-Simulator's FedDyn + RI (fedinit.py's docstring)."""
+    rule = {"mixed": "flsim"}.get(aggregate, aggregate)
     sched = dict(**STEPS, aggregation="uniform")
     local = dict(LOCAL, momentum=0.0)
     with jax.enable_x64(True):
         alg = relaxed_init(feddyn(make_local(**local), alpha=0.3, adaptive_alpha=False),
                            beta=0.2, aggregate=aggregate)
     params, state, metrics, x, y, parts = run(alg, **sched)
-    w, hs, lasts = feddyn_ri_reference(params, x, y, parts, beta=0.2, rule=aggregate, alpha=0.3,
+    w, hs, lasts = feddyn_ri_reference(params, x, y, parts, beta=0.2, rule=rule, alpha=0.3,
                                        **local, **sched)
     assert_close(state.params, w)
     for cid in range(len(SIZES)):
         assert_close(client_row(state.client_states.inner, cid), hs[cid])
         assert_close(client_row(state.client_states.last_model, cid), lasts[cid])
-    for other in {"start", "final", "flsim"} - {aggregate}:
+    for other in {"start", "final", "flsim"} - {rule}:
         moved = feddyn_ri_reference(params, x, y, parts, beta=0.2, rule=other, alpha=0.3,
                                     **local, **sched)[0]
         assert global_norm(tree_map(np.subtract, moved, w)) > 1e-3
+
+
+def test_mixed_aggregate_needs_a_rebase_hook():
+    """'mixed' re-measures the message's model part, so an algorithm must declare how (one line)."""
+    with pytest.raises(FljaxError, match="fedavg does not") as error:
+        relaxed_init(fedavg(REDUCTION_LOCAL), beta=0.1, aggregate="mixed")
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("aggregate,aggregation", [("start", "uniform"), ("final", "examples")])

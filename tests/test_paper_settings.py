@@ -3,7 +3,7 @@
 ``experiments/settings/*.md`` hold, per paper, a table of the settings the paper states, each with
 the section or table it comes from:
 
-    | sweep | scale | rows | columns | setting | value | source |
+    | sweep | scale | rows | columns | setting | value | source | quote |
 
 ``sweep`` names a file of ``experiments/`` (without .json), ``scale`` one of its full scales,
 ``rows`` / ``columns`` the cells the line covers (``*`` for all, else names joined by `` & ``),
@@ -18,7 +18,15 @@ of values its runs take over its grid and seeds: one value, or the sorted list i
 - every cell has a line for each setting a paper states: data, split and its parameter, clients,
   participation, local work, batch, lr and its decay, weight decay, rounds, model, algorithm, and
   every algorithm, wrapper and switch argument it sets;
-- every sweep file with a full scale has a table, and every line has a source.
+- every sweep file with a full scale has a table, and every line has a source;
+- every line has a quote: the words its value comes from, so a reader checks the line against the
+  paper without searching it. ``quote`` is one or more quoted passages, each with an optional label
+  before it: none for the paper the table is for, ``code OWNER/REPO/PATH`` for a line of the official
+  code, any other label (``McMahan et al. 2017``) for another paper. A line whose value the paper and
+  its code do not state says so with ``ours: <why>`` instead. ``...`` inside a passage marks words
+  left out. Where ``FLJAX_PAPER_TEXT`` names a folder holding a paper's text as ``<table>.txt``
+  (``fedinit.txt`` for ``fedinit.md``), each unlabelled passage must occur in it word for word
+  (compared on letters and digits only, so line breaks, hyphenation and markup do not matter).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
+import unicodedata
 
 import pytest
 
@@ -34,7 +44,7 @@ from fljax.runner import sweep
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 TABLES = sorted(glob.glob(os.path.join(EXPERIMENTS, "settings", "*.md")))
-HEADER = ["sweep", "scale", "rows", "columns", "setting", "value", "source"]
+HEADER = ["sweep", "scale", "rows", "columns", "setting", "value", "source", "quote"]
 REQUIRED = ("dataset", "model", "partition", "num_clients", "clients_per_round", "participation",
             "batch_size", "lr", "lr_decay", "weight_decay", "rounds", "algorithm")
 PARTITION_PARAMETER = {"dirichlet": "dirichlet_alpha", "dirichlet_balanced": "dirichlet_alpha",
@@ -52,13 +62,81 @@ def parse_tables(paths: list[str]) -> list[dict]:
             fields = [cell.strip() for cell in text.strip("|").split("|")]
             if [f.lower() for f in fields] == HEADER or set(text) <= set("|- "):
                 continue
-            assert len(fields) == len(HEADER), f"{path}: line {text!r} has not 7 fields"
+            assert len(fields) == len(HEADER), f"{path}: line {text!r} has not {len(HEADER)} fields"
             line = dict(zip(HEADER, fields))
             line["value"] = json.loads(line["value"].strip("`"))
             line["setting"] = line["setting"].strip("`")
+            line["table"] = os.path.splitext(os.path.basename(path))[0]
             line["where"] = f"{os.path.basename(path)}: {text}"
             lines.append(line)
     return lines
+
+
+PASSAGE = re.compile(r'\s*([^"]*?)\s*"([^"]+)"\s*[;+,]?')
+SHORTEST_PASSAGE = 12  # letters and digits of a paper's passage: a phrase, not a bare number
+
+
+def passages(quote: str) -> list[tuple[str, str]]:
+    """A quote cell's (label, passage) pairs; ValueError where text lies outside a passage."""
+    found, end = [], 0
+    for match in PASSAGE.finditer(quote):
+        if match.start() != end:
+            break
+        found.append((match.group(1), match.group(2)))
+        end = match.end()
+    if quote[end:].strip():
+        raise ValueError(f"{quote[end:].strip()!r} is outside a quoted passage")
+    return found
+
+
+def letters(text: str) -> str:
+    """Text reduced to its lower-case letters and digits (line breaks, hyphens, markup gone)."""
+    return "".join(c for c in unicodedata.normalize("NFKC", text).lower() if c.isalnum())
+
+
+def occurs(passage: str, text: str) -> bool:
+    """Whether the passage's pieces (split at ``...``) occur in the text in order."""
+    at = 0
+    for piece in re.split(r"\.\.\.|\u2026", passage):
+        piece = letters(piece)
+        at = text.find(piece, at)
+        if at < 0:
+            return False
+        at += len(piece)
+    return True
+
+
+def quote_problems(lines: list[dict], text_dir: str | None) -> list[str]:
+    """Every line whose quote is missing, malformed, too short, or (where the paper's text is in
+    ``text_dir``) not the paper's words."""
+    problems, texts = [], {}
+    for line in lines:
+        quote, where = line["quote"], line["where"]
+        if quote.startswith("ours:"):
+            if len(quote[5:].split()) < 3:
+                problems.append(f"'ours:' without a reason: {where}")
+            continue
+        try:
+            found = passages(quote)
+        except ValueError as error:
+            problems.append(f"{error}: {where}")
+            continue
+        if not found:
+            problems.append(f"a line without a quote: {where}")
+        for label, passage in found:
+            if label.startswith("code"):
+                if not re.fullmatch(r"code [\w.-]+/[\w.-]+/\S+", label):
+                    problems.append(f"{label!r} names no OWNER/REPO/PATH: {where}")
+            elif len(letters(passage)) < SHORTEST_PASSAGE:
+                problems.append(f"the passage {passage!r} is too short to find: {where}")
+            elif not label and text_dir:
+                path = os.path.join(text_dir, line["table"] + ".txt")
+                if os.path.exists(path):
+                    if path not in texts:
+                        texts[path] = letters(open(path, encoding="utf-8").read())
+                    if not occurs(passage, texts[path]):
+                        problems.append(f"{passage!r} is not in {path}: {where}")
+    return problems
 
 
 def full_scales(spec: dict) -> list[str]:
@@ -184,3 +262,28 @@ def test_a_changed_value_fails_the_check(change, tmp_path):
     lines = [line for line in parse_tables(TABLES) if line["sweep"] == name]
     assert not check({name: specs[name]}, lines, str(tmp_path))
     assert check({name: spec}, lines, str(tmp_path))
+
+
+def test_every_line_quotes_where_its_value_comes_from():
+    problems = quote_problems(parse_tables(TABLES), os.environ.get("FLJAX_PAPER_TEXT"))
+    assert not problems, f"{len(problems)} lines:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("quote, problem", [
+    ('"we train 500 rounds on cifar"', None),
+    ('"we train 500 ... on CIFAR-10" + code owner/repo/main.py "lr = 0.1 # local"', None),
+    ('ours: no paper states it', None),
+    ("", "a line without a quote"),
+    ("§5: 500 rounds", "outside a quoted passage"),
+    ('"500 rounds"', "too short"),
+    ('"we train 800 rounds on cifar"', "is not in"),
+    ('"on CIFAR-10 ... we train 500"', "is not in"),
+    ('code main.py "lr = 0.1 # local"', "names no OWNER/REPO/PATH"),
+    ("ours: none", "without a reason"),
+], ids=["words", "gap and code", "ours", "none", "unquoted", "short", "misquote", "order",
+        "code without repo", "ours without reason"])
+def test_a_missing_or_wrong_quote_fails_the_check(quote, problem, tmp_path):
+    (tmp_path / "paper.txt").write_text("... We train 500\nrounds on CIFAR-\n10 to achieve ...")
+    line = {"quote": quote, "where": "paper.md: a line", "table": "paper"}
+    problems = quote_problems([line], str(tmp_path))
+    assert (problems == []) if problem is None else (len(problems) == 1 and problem in problems[0])

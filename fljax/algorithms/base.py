@@ -165,6 +165,7 @@ class Algorithm(NamedTuple):
     perturb: Callable[[Any, Any, jax.Array], Any] | None = None
     message_bits: Callable[[int, Params], tuple[int, int]] | None = None
     aggregate: Callable[["CohortMessages"], tuple[Any, dict[str, jax.Array]]] | None = None
+    rebase: Callable[[ClientContext, Any, Params], Any] | None = None
 
 
 class CohortMessages(NamedTuple):
@@ -242,6 +243,11 @@ document_fields(Algorithm, {
                  "``server_update`` receives; the metrics join the round's. Memory: m messages. "
                  "None (default): messages are summed and the round is the same program as "
                  "without this hook",
+    "rebase": "rebase(ctx, message, shift) -> the message ``client_end`` would send had its "
+              "model update been measured from ctx.params + shift instead of ctx.params, the "
+              "client's own state unchanged (FedDyn: p_i (y - r) -> p_i (y - r - shift)); "
+              "relaxed_init's aggregate 'mixed' uses it. A wrapper that changes the message "
+              "sets it to None. None: not declared",
     "message_bits": "message_bits(t, params) -> (bits down, bits up) a participating client "
                     "receives and sends in round t, for a model shaped like ``params`` (shapes "
                     "suffice): a compressed uplink's exact encoding "

@@ -125,4 +125,4 @@ def byzantine(algorithm: Algorithm, attack: str, *, count: int | None = None,
     return algorithm._replace(name=f"{algorithm.name}+byzantine_{attack}",
                               client_loss=client_loss,
                               client_end=unweighted_end(algorithm, "byzantine"),
-                              aggregate=aggregate)
+                              aggregate=aggregate, rebase=None)

@@ -206,4 +206,5 @@ def compress(algorithm: Algorithm, compressor: str, *, ratio: StaticFloat | None
         cohort_start=None if algorithm.cohort_start is None else cohort_start,
         client_metrics=lambda ctx, start, end: algorithm.client_metrics(inner(ctx), start, end),
         client_vectors=lambda ctx: algorithm.client_vectors(inner(ctx)),
-        observe=observe, personal_model=personal_model, message_bits=message_bits)
+        observe=observe, personal_model=personal_model, message_bits=message_bits,
+        rebase=None)

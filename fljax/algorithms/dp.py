@@ -152,4 +152,5 @@ def dp(algorithm: Algorithm, clip_norm: float, noise_multiplier: float, cohort_s
 
     return with_inner_server_state(
         algorithm, name=f"{algorithm.name}+dp", server_init=server_init, client_end=client_end,
-        server_update=server_update, perturb=perturb, client_metrics=client_metrics)
+        server_update=server_update, perturb=perturb, client_metrics=client_metrics,
+        rebase=None)

@@ -124,6 +124,12 @@ def feddyn(local: LocalSGD, *, alpha: float = 1e-2, adaptive_alpha: bool = True,
     def eval_models(params, server_state):
         return {"global": params, "gamma": server_state.gamma}
 
+    def rebase(ctx: ClientContext, message, shift):
+        """The model part measured from theta_s + shift: p_k (y - theta_s - shift); H's step
+        (y - theta_s) / N, like h_k, keeps theta_s."""
+        delta, h_step = message
+        return tree_sub(delta, tree_scale(ctx.weight, shift)), h_step
+
     def client_vectors(ctx: ClientContext):
         """{'local_drift': grad L_k(theta_k) = -alpha_k h_k}."""
         a = alpha_of(ctx)
@@ -132,4 +138,4 @@ def feddyn(local: LocalSGD, *, alpha: float = 1e-2, adaptive_alpha: bool = True,
     return Algorithm(name=name, server_init=server_init, client_init=client_init,
                      client_start=identity_start, client_tx=client_tx, client_loss=identity_loss,
                      client_end=client_end, server_update=server_update, eval_models=eval_models,
-                     client_vectors=client_vectors)
+                     client_vectors=client_vectors, rebase=rebase)

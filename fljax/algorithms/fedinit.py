@@ -25,14 +25,19 @@ chooses the reference point the wrapped algorithm sees as "the broadcast model" 
   algorithm still sees w^t; only the start moves, by beta (w^t - w_i,K^{prev}) on top of the
   wrapped client_start. FedAvg becomes w^{t+1} = sum_S p_i w_i,K, the average of the final local
   models; corrections (SCAFFOLD's c_i, FedDyn's h_i) then include the displacement.
+* ``"mixed"``: the clients as ``"start"`` (the wrapped algorithm centred on w_i,0, its client
+  state updated relative to it), the server's model average over the final local models as
+  ``"final"``: the model part of each message is re-measured from w^t by the wrapped algorithm's
+  ``rebase`` hook (the shift -beta (w^t - w_i,K^{prev})). It needs an algorithm that declares
+  ``rebase`` (FedDyn does); it is FL-Simulator's FedDyn + RI.
 
 The default is ``"start"``: it is the first author's released code (FL-Simulator's README reports
 the FedInit runs), used there for FedInit and every +RI method alike (Table 2), and it composes
 with every server rule unchanged. For FedAvg it differs from the paper's aggregation by
 beta (w^t - sum_S p_i w_i,K^{prev}). Algorithm 1's 1/N is the engine's aggregation='uniform'.
 
-FedDyn + RI (Table 2's FedDyn column) is the one method where neither mode is FL-Simulator's. With
-s_i = w_i,0 the relaxed start, r_i the point FedDyn's client is centred on, H = mean over ALL
+FedDyn + RI (Table 2's FedDyn column) is the one method where neither of the first two modes is
+FL-Simulator's. With s_i = w_i,0 the relaxed start, r_i the point FedDyn's client is centred on, H = mean over ALL
 clients of h, and unweighted means over S, the local gradient is
 clip(g + alpha (h_i - r_i)) + (wd + alpha) y, then h_i += w_i,K - r_i, and
 
@@ -40,14 +45,16 @@ clip(g + alpha (h_i - r_i)) + (wd + alpha) y, then h_i += w_i,K - r_i, and
     FL-Simulator (FedDyn.py, feddyn.py): r_i = s_i,  w^{t+1} = mean_S w_i,K + H
     fljax ``"start"``:                   r_i = s_i,  w^{t+1} = w^t + mean_S (w_i,K - s_i) + H
                                            = FL-Simulator's - beta (w^t - mean_S w_i,K^{prev}).
+    fljax ``"mixed"``:                   r_i = s_i,  w^{t+1} = mean_S w_i,K + H   (FL-Simulator's)
 
 Algorithm 1 states RI for FedAvg only and calls it "irrelevant to the local optimizer", so applied
 to FedDyn it moves only the start and keeps FedDyn's own centre and server (line 13's average of the
 final models, plus FedDyn's correction): that is ``"final"``. FL-Simulator centres the client and
 the h update on the relaxed start, as ``"start"`` does, but averages the final models, as
-``"final"`` does; a wrapper cannot give that mix, because it would have to send FedDyn's model
-average relative to w^t and its h increment relative to s_i in the same message. The two fljax
-rules are checked against float64 references (tests/test_fedinit_fedga.py).
+``"final"`` does: one message holds FedDyn's model average relative to w^t and its h increment
+relative to s_i, which is why ``"mixed"`` needs FedDyn's ``rebase`` (it moves the first and
+keeps the second). The three rules are checked against float64 references
+(tests/test_fedinit_fedga.py).
 
 beta = 0 is the wrapped algorithm exactly (either aggregation). beta may be negative: the
 paper's Table 3 tries beta < 0 (a start pulled towards the client's previous model) to show that
@@ -79,7 +86,7 @@ from fljax.algorithms.fedavg import fedavg
 from fljax.errors import FljaxError
 from fljax.hyperparams import check
 
-AGGREGATES = ("start", "final")
+AGGREGATES = ("start", "final", "mixed")
 
 
 class RelaxedClientState(NamedTuple):
@@ -93,6 +100,10 @@ def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") ->
           "towards the client's previous model)")
     if aggregate not in AGGREGATES:
         raise FljaxError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+    if aggregate == "mixed" and algorithm.rebase is None:
+        raise FljaxError(f"aggregate 'mixed' needs an algorithm that declares how its message "
+                         f"moves with its reference point (Algorithm.rebase, as feddyn does); "
+                         f"{algorithm.name} does not (for FedAvg 'mixed' would be 'final')")
 
     def offset(ctx: ClientContext) -> Params:
         """beta (w - w_i,K^{prev})."""
@@ -123,6 +134,9 @@ def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") ->
 
     def client_end(ctx: ClientContext, start, end):
         inner, message = algorithm.client_end(view(ctx), start, end)
+        if aggregate == "mixed":   # the model part from w^t = w_i,0 - beta (w^t - w_i,K^prev)
+            message = algorithm.rebase(view(ctx), message,
+                                       jax.tree.map(jnp.negative, offset(ctx)))
         return RelaxedClientState(last_model=end, inner=inner), message
 
     def client_metrics(ctx: ClientContext, start, end):
@@ -138,6 +152,7 @@ def relaxed_init(algorithm: Algorithm, beta: float, aggregate: str = "start") ->
                               client_start=client_start, client_tx=client_tx,
                               client_loss=client_loss, client_end=client_end,
                               cohort_start=cohort_start, client_metrics=client_metrics,
+                              rebase=None,
                               client_vectors=lambda ctx: algorithm.client_vectors(view(ctx)),
                               personal_model=None if algorithm.personal_model is None else (
                                   lambda params, server_state, state: algorithm.personal_model(

@@ -71,7 +71,7 @@ def local_layers(algorithm: Algorithm, local: Params, name: str | None = None) -
         name=name or f"{algorithm.name}+local_layers", client_init=client_init,
         personal_model=personal_model,
         client_start=lambda ctx, key: algorithm.client_start(inner(ctx), key),
-        client_end=client_end,
+        client_end=client_end, rebase=None,
         client_tx=lambda ctx: algorithm.client_tx(inner(ctx)),
         client_loss=lambda ctx, loss_fn: algorithm.client_loss(inner(ctx), loss_fn),
         client_metrics=lambda ctx, start, end: algorithm.client_metrics(inner(ctx), start, end),

@@ -160,4 +160,4 @@ def robust(algorithm: Algorithm, rule: str = "median", *, f: float = 0, pre: str
         algorithm, name=f"{algorithm.name}+{shown}", server_init=server_init,
         client_end=lambda ctx, start, end: unweighted_end(algorithm, "robust")(
             inner_view(ctx), start, end),
-        server_update=server_update, aggregate=aggregate)
+        server_update=server_update, aggregate=aggregate, rebase=None)
