@@ -68,6 +68,8 @@ def built(name, shape, classes, conv_impl="im2col"):
     ("vgg11", (32, 32, 3), 10, vgg11_count(10)),
     ("emnist_cnn", (28, 28, 1), 47,
      conv_count(5, 1, 32, True) + conv_count(5, 32, 64, True) + linear_count(4 * 4 * 64, 47)),
+    ("mnist_net", (28, 28, 1), 10, conv_count(3, 1, 32, True) + conv_count(3, 32, 64, True)
+     + linear_count(9216, 128) + linear_count(128, 10)),
 ])
 def test_parameter_counts_match_torch(name, shape, classes, count):
     assert num_params(shape_params(make_model(name, shape, classes))) == count
@@ -107,6 +109,33 @@ def test_forward_shapes_and_features(name, shape, classes, width):
     assert features.shape == (2, width) and logits.shape == (2, classes)
     assert np.all(np.isfinite(logits))
     np.testing.assert_array_equal(model.apply(params, x), logits)
+
+
+def test_mnist_net_is_karimireddy_et_al_s_network():
+    """Eval mode against a float64 numpy forward of the code's Net (no ReLU after conv2); in
+    training the first dropout drops whole channels, the second single units."""
+    from fljax.models.zoo import TorchMnistNet
+    model, params, x = built("mnist_net", (28, 28, 1), 10)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    h = np.asarray(x, np.float64)
+
+    def conv_valid(h, layer):
+        windows = np.lib.stride_tricks.sliding_window_view(h, (3, 3), axis=(1, 2))
+        return np.einsum("nhwcij,ijco->nhwo", windows, layer["kernel"]) + layer["bias"]
+
+    h = conv_valid(np.maximum(conv_valid(h, p["conv1"]), 0), p["conv2"])
+    h = h.reshape(2, 12, 2, 12, 2, 64).max(axis=(2, 4)).reshape(2, -1)
+    h = np.maximum(h @ p["fc1"]["kernel"] + p["fc1"]["bias"], 0)
+    np.testing.assert_allclose(model.apply(params, x), h @ p["fc2"]["kernel"] + p["fc2"]["bias"],
+                               rtol=2e-4, atol=2e-5)
+    _, seen = TorchMnistNet(num_classes=10).apply(
+        {"params": params}, x, train=True, rngs={"dropout": jax.random.PRNGKey(4)},
+        capture_intermediates=True)
+    after_conv = np.asarray(seen["intermediates"]["Dropout_0"]["__call__"][0])
+    zero_share = (after_conv == 0).mean(axis=(1, 2))      # [N, 64]: per example and channel
+    assert set(np.unique(zero_share)) == {0.0, 1.0}
+    after_fc = np.asarray(seen["intermediates"]["Dropout_1"]["__call__"][0])
+    assert 0.3 < (after_fc == 0).mean() < 0.8
 
 
 def test_vgg_dropout_only_in_training():

@@ -129,6 +129,38 @@ class ConvNet2(nn.Module):
         return (x, logits) if with_features else logits
 
 
+class TorchMnistNet(nn.Module):
+    """The network of Karimireddy, He, Jaggi (ICLR 2022)'s MNIST experiments (``Net`` in
+    ``epfml/byzantine-robust-noniid-optimizer``'s ``codes/tasks/mnist.py``, the PyTorch MNIST
+    example's):
+
+        conv3x3-32 -> ReLU -> conv3x3-64 -> maxpool2 -> Dropout2d(0.25) -> flatten
+        -> fc128 -> ReLU -> dropout(0.5) -> fc
+
+    with no ReLU after the second convolution, as that code has it; 1,199,882 parameters for 28x28
+    inputs and 10 classes. The first dropout drops whole channels (torch's ``Dropout2d`` on a 4-D
+    tensor), the second single units (``Dropout2d`` on the [N, 128] features, element-wise in the
+    torch of the paper's time). The flatten is position-major (torch's is channel-major: fc1's
+    inputs are permuted; the model class is the same).
+    """
+
+    num_classes: int
+    conv_impl: str = "im2col"
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, with_features: bool = False):
+        deterministic = not (train and self.has_rng("dropout"))
+        x = conv(32, 3, self.conv_impl, "conv1", bias_init=torch_bias_init(9 * x.shape[-1]))(x)
+        x = max_pool(conv(64, 3, self.conv_impl, "conv2", bias_init=torch_bias_init(9 * 32))(
+            nn.relu(x)))
+        x = nn.Dropout(0.25, broadcast_dims=(1, 2), deterministic=deterministic)(x)
+        x = x.reshape(x.shape[0], -1)
+        x = nn.relu(dense(128, x.shape[-1], "fc1")(x))
+        x = nn.Dropout(0.5, deterministic=deterministic)(x)
+        logits = dense(self.num_classes, x.shape[-1], "fc2")(x)
+        return (x, logits) if with_features else logits
+
+
 # name -> (builder(num_classes, conv_impl), smallest spatial input shape it accepts: (H, W) of
 # images [H, W, C], (L,) of signals [L, C], or None for any input, flattened)
 _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None]] = {
@@ -142,6 +174,8 @@ _MODELS: dict[str, tuple[Callable[[int, str], nn.Module], tuple[int, ...] | None
                                                    num_classes=classes, conv_impl=impl), (13, 13)),
     "tiny_cnn": (lambda classes, impl: ConvNet(channels=(64, 64, 64), hidden=(256, 128),
                                                num_classes=classes, conv_impl=impl), (36, 36)),
+    "mnist_net": (lambda classes, impl: TorchMnistNet(num_classes=classes, conv_impl=impl),
+                  (6, 6)),
     "emnist_cnn": (lambda classes, impl: ConvNet(channels=(32, 64), hidden=(),
                                                  num_classes=classes, conv_impl=impl), (16, 16)),
     "resnet18_gn": (lambda classes, impl: torchvision_resnet((2, 2, 2, 2), classes, impl), (1, 1)),
@@ -195,6 +229,9 @@ def make_model(name: str, input_shape, num_classes: int,
     - ``tiny_cnn``: conv5x5-64 + pool three times, fc256, fc128, fc (FedBug's Tiny-ImageNet CNN:
       "three convolutional layers followed by three fully connected layers"; 64x64 -> 4x4x64;
       the widths of the official code's ``Linear(64*4*4, 256)``, ``Linear(256, 128)``).
+    - ``mnist_net``: conv3x3-32, ReLU, conv3x3-64, pool, channel dropout 0.25, fc128, dropout
+      0.5, fc (Karimireddy et al. 2022's MNIST network, the PyTorch MNIST example's; 1,199,882
+      parameters on 28x28 images).
     - ``emnist_cnn``: conv5x5-32, pool, conv5x5-64, pool, fc (FedGA's ``cnn_mnist``; 100,271
       parameters for EMNIST-balanced's 47 classes).
     - ``resnet18_gn`` / ``resnet34_gn``: torchvision ImageNet-style ResNet-18/34 with
