@@ -294,6 +294,20 @@ def test_lbsgd_is_server_sgd_on_the_weighted_mean_full_gradient():
         np.testing.assert_array_equal(a, b)
 
 
+def test_scaffold_large_batch_with_full_local_batches_is_large_batch_sgd():
+    """FedGA's Figure 2 (bottom) SCAFFOLD (LargeBatch): the GA code's SCAFFOLD with one local
+    step. On a client's full batch its step is clip(g_i(x) + gbar(x) - g_i(x)) + wd x, the same
+    for every client: large-batch SGD (without momentum, which one local step cannot carry)."""
+    lr, wd, clip = 0.5, 1e-2, 0.3
+    sched = dict(batch=None, local_steps=1, local_epochs=None, aggregation="examples")
+    _, ga, *_ = run(scaffold(make_local(lr, 1.0, 0.0, wd, clip), option="GA"), **sched)
+    _, lb, *_ = run(lbsgd(lr, weight_decay=wd, clip_norm=clip), **sched)
+    assert_close(ga.params, lb.params)
+    _, minibatch, *_ = run(scaffold(make_local(lr, 1.0, 0.0, wd, clip), option="GA"),
+                           **{**sched, "batch": 2})
+    assert global_norm(tree_map(np.subtract, minibatch.params, lb.params)) > 1e-3
+
+
 # ------------------------------------------------------------------------------------------------
 # API
 
