@@ -282,11 +282,11 @@ def _batch_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_cells(cell_list, args, spec=None, where=None):
-    """Train the cells, those that share a program together (a sweep scale with 'hyperband':
-    each cell's grid points searched with early stopping); their results by cell. ``where``: a
-    line saying where the runs write, printed once no run directory holds more rounds than
-    asked."""
-    from fljax.runner import hyperband
+    """Train the cells, those that share a program together (a sweep scale with 'hyperband' or
+    'early_termination': each cell's grid points searched with early stopping); their results by
+    cell. ``where``: a line saying where the runs write, printed once no run directory holds more
+    rounds than asked."""
+    from fljax.runner import early_termination, hyperband
     from fljax.runner import sweep
     from fljax.runner.train import check_rounds, run_many
 
@@ -303,6 +303,10 @@ def _run_cells(cell_list, args, spec=None, where=None):
     if options:
         return hyperband.run_pruned(cell_list, lambda cells: _run_cells(cells, args), options,
                                     spec.get("selection", "val_accuracy"))
+    terminate = None if spec is None else sweep.early_termination_options(spec, args.scale)
+    if terminate:
+        return early_termination.run_terminated(cell_list, lambda cells: _run_cells(cells, args),
+                                                terminate, spec.get("selection", "val_accuracy"))
     limit = None if args.batch_memory is None else int(args.batch_memory * 2**20)
     return sweep.run_sweep(
         cell_list, lambda configs: run_many(configs, progress=not args.quiet, fresh=fresh,

@@ -74,7 +74,7 @@ def run_pruned(cell_list: list, run: Callable[[list], dict], options: dict[str, 
             eval_every = cells[0].config.eval_every
             for rung in rungs(options["min_rounds"], eta, rounds, eval_every):
                 short = [c._replace(config=c.config.replace(rounds=rung)) for c in cells]
-                trained = _stored_or_run(short, run)
+                trained = stored_or_run(short, run)
                 evaluations = [trained[c] for c in short]
                 if any(e and e[-1].get("diverged") for e in evaluations):
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -101,7 +101,7 @@ def run_pruned(cell_list: list, run: Callable[[list], dict], options: dict[str, 
     return results
 
 
-def _stored_or_run(cells: list, run: Callable[[list], dict]) -> dict:
+def stored_or_run(cells: list, run: Callable[[list], dict]) -> dict:
     """``run(cells)``, except for the cells whose run directory already holds more rounds than
     they ask (a sweep run again, past this rung): their logged evaluations up to their rounds,
     read without touching the directory."""

@@ -40,8 +40,12 @@ A sweep file::
                                                      may not sit at the grid's edge (the
                                                      tuning rule, below)
      "hyperband": {"min_rounds": 10,                 optional: stop a cell's weak grid points
-                   "reduction_factor": 3}}           early (fljax.runner.hyperband: FedDecay's search;
+                   "reduction_factor": 3},           early (fljax.runner.hyperband: FedDecay's search;
                                                      a scale may set its own)
+     "early_termination": {"fraction": 0.2,          optional, instead: stop the grid points
+                           "margin": 0.05}}          more than margin below the best at 20% of
+                                                     the rounds (fljax.runner.early_termination:
+                                                     FedGA's B.2; a scale may set its own)
 
 The tuning protocol of the papers: any level (base, a row, a column, a scale's entry) may hold a
 ``"grid"``: {config key: [values]}, where a key may reach into a JSON-object field with dots
@@ -91,14 +95,14 @@ from typing import Any, Callable, NamedTuple
 import scipy.stats
 
 from fljax.runner.config import ExperimentConfig, current_names, one_local_work
-from fljax.runner import hyperband
+from fljax.runner import early_termination, hyperband
 from fljax.errors import FljaxError
 from fljax.runner.grouping import group
 from fljax.runner.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
-              "hyperband"}
+              "hyperband", "early_termination"}
 MAX_EXTENSIONS = 4
 SIGNIFICANCE = 0.05     # a table marks a line's best only where its paired t-test gives p below
 BOLD_RULE = (f"Bold: the best of its line, where its paired difference from the runner-up is "
@@ -163,6 +167,10 @@ def load_sweep(path: str) -> dict[str, Any]:
         raise FljaxError(f"sweep 'extend' must be a list of grid keys, got {extend!r}")
     for scale in [None, *sweep.get("scales", {})]:
         hyperband.check(hyperband_options(sweep, scale))
+        early_termination.check(early_termination_options(sweep, scale))
+        if hyperband_options(sweep, scale) and early_termination_options(sweep, scale):
+            raise FljaxError(f"sweep scale {scale!r} sets both 'hyperband' and "
+                             f"'early_termination': choose one way to stop grid points early")
     if not isinstance(sweep.get("best_round", ""), str):
         raise FljaxError(f"sweep 'best_round' must be an evaluation key, got "
                          f"{sweep['best_round']!r}")
@@ -225,7 +233,8 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
         raise FljaxError(f"scale must be one of {sorted(scales)}, got {scale!r}")
     overrides = scales.get(scale, {}) if scale is not None else {}
     names = set(sweep["rows"]) | set(sweep["columns"]) | {"base"}
-    unknown = sorted(set(overrides) - names - {"target_accuracy", "hyperband"})
+    unknown = sorted(set(overrides) - names - {"target_accuracy", "hyperband",
+                                               "early_termination"})
     if unknown:
         raise FljaxError(f"scale {scale!r} overrides unknown rows or columns {unknown}")
     result = []
@@ -431,6 +440,13 @@ def run_sweep(cell_list: list[Cell],
 def hyperband_options(sweep: dict[str, Any], scale: str | None) -> dict[str, Any] | None:
     """The Hyperband options of a scale: its own ``hyperband`` entry, else the sweep's."""
     return sweep.get("scales", {}).get(scale, {}).get("hyperband", sweep.get("hyperband"))
+
+
+def early_termination_options(sweep: dict[str, Any], scale: str | None) -> dict[str, Any] | None:
+    """The early-termination options of a scale: its own ``early_termination``, else the
+    sweep's."""
+    return sweep.get("scales", {}).get(scale, {}).get("early_termination",
+                                                        sweep.get("early_termination"))
 
 
 def stopped(evaluations: list[dict[str, Any]]) -> bool:
