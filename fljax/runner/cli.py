@@ -360,15 +360,27 @@ def _sweep(argv: list[str]) -> int:
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:
-            results = _run_cells(cell_list, args, spec, where=out_dir)
-            for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
-                more = sweep.extensions(spec, cell_list, results)
-                if not more:
-                    break
-                print(f"extending the grid of {len(more)} runs whose selected value is at its "
-                      f"edge", flush=True)
-                cell_list += more
-                results.update(_run_cells(more, args, spec))
+            results, transferred = {}, {}
+            stage = cell_list
+            while stage:
+                results.update(_run_cells(stage, args, spec, where=out_dir))
+                for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
+                    more = sweep.extensions(spec, cell_list, results)
+                    if not more:
+                        break
+                    print(f"extending the grid of {len(more)} runs whose selected value is at "
+                          f"its edge", flush=True)
+                    cell_list += more
+                    results.update(_run_cells(more, args, spec))
+                new = {key: values for key, values in
+                       sweep.transfers(spec, cell_list, results).items() if key not in transferred}
+                transferred.update(new)                   # the next stage (transfer)
+                stage = [c for c in sweep.cells(spec, args.scale, out_dir, seeds, None, transferred,
+                                                **changes) if (c.row, c.column) in new]
+                if stage:
+                    print(f"next stage: {len(stage)} runs of {sorted({c.column for c in stage})} "
+                          f"with the values they take from their source columns", flush=True)
+                cell_list += stage
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130

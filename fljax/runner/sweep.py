@@ -8,7 +8,10 @@ A sweep file::
                                                      {"column name": {values}} sets values of
                                                      that row's cell in that column only (they
                                                      override the column's)
-     "columns": {"column name": {values}, ...},      e.g. methods
+     "columns": {"column name": {values}, ...},      e.g. methods; a column's "transfer":
+                                                     {"from": "FedAvg", "keys": ["lr"]} takes
+                                                     those grid keys' selected values of that
+                                                     column, in the same row (below)
      "seeds": [0, 1, 2],
      "target_accuracy": 0.67,                        optional: report rounds, bytes, FLOPs
                                                      and seconds to reach it
@@ -69,6 +72,15 @@ grid ends at the edge of stability. The table marks a selected value still at an
 line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
 ``selection`` score's rise over the last quarter of the rounds (the last evaluation minus the one
 at 75% of the rounds): the evidence that the runs have stopped improving.
+
+Stagewise tuning (``transfer``): FedGA's appendix B.2 tunes FedAvg and large-batch SGD first,
+"transferred the optimal hyperparameters ... and fixed them to then perform the search for the
+best parameter beta", then fixed beta and searched the others again (Dandi, Barba, Jaggi, AAAI
+2022). A column with ``"transfer": {"from": SOURCE, "keys": [grid keys of SOURCE]}`` waits until
+every run of SOURCE in its row has finished (grid extensions included), then trains with SOURCE's
+selected values of those keys and its own grid over the rest; a second column transferring
+from it is the next stage. ``cells`` leaves a waiting column out, ``transfers`` gives the values
+once its source has results, and ``fljax sweep`` runs stage after stage.
 
 Run (row, column, seed) has the config ``base + scale.base + row + scale[row] + column +
 scale[column] + {seed, out_dir}``: a scale overrides the shared values and any row's or column's
@@ -153,6 +165,9 @@ def load_sweep(path: str) -> dict[str, Any]:
     seeds = sweep.get("seeds", [0])
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
         raise FljaxError(f"sweep 'seeds' must be a non-empty list of integers, got {seeds!r}")
+    for column, values in sweep["columns"].items():
+        if isinstance(values, dict) and "transfer" in values:
+            check_transfer(sweep, column, values["transfer"])
     pairs = sweep.get("compare", [])
     if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2
                                             and set(p) <= set(sweep["columns"]) for p in pairs)):
@@ -221,9 +236,11 @@ def setting_slug(setting: tuple) -> str:
 
 def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
           seeds: list[int] | None = None, rows: list[str] | None = None,
-          **changes) -> list[Cell]:
+          transferred: dict[tuple, dict[str, Any]] | None = None, **changes) -> list[Cell]:
     """Every run of the sweep at ``scale`` (a key of its 'scales', or None for the base values),
-    of its ``rows`` (default all), with ``changes`` (config values) applied last."""
+    of its ``rows`` (default all), with ``changes`` (config values) applied last. A column that
+    transfers values from another (``transfer``) is left out until ``transferred`` holds its
+    (row, column)'s values (``transfers``)."""
     unknown = sorted(set(rows or ()) - set(sweep["rows"]))
     if unknown:
         raise FljaxError(f"rows {unknown} are not rows of the sweep; its rows are "
@@ -259,6 +276,11 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
                 grid.update(current_names(layer.get("grid", {})))
                 merged.update(one_local_work({k: v for k, v in layer.items() if k != "grid"}))
             grid = {key: values for key, values in grid.items() if values is not None}
+            if merged.pop("transfer", None) is not None:
+                taken = (transferred or {}).get((row, column))
+                if taken is None:
+                    continue                    # waits for its source column's selection
+                merged = with_setting(merged, tuple(sorted(taken.items())))
             for setting in grid_points(grid) if grid else [()]:
                 for seed in seeds or sweep.get("seeds", [0]):
                     run_dir = os.path.join(out_dir, scale or "base", slug(row), slug(column),
@@ -272,6 +294,46 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
                         raise FljaxError(f"sweep run {row!r} / {column!r}: {e}") from None
                     result.append(Cell(row, column, seed, config, setting))
     return result
+
+
+def check_transfer(sweep: dict[str, Any], column: str, transfer: Any) -> None:
+    """Raise FljaxError for a bad ``transfer`` of ``column`` (module doc)."""
+    if not (isinstance(transfer, dict) and set(transfer) == {"from", "keys"}
+            and isinstance(transfer["keys"], list) and transfer["keys"]
+            and all(isinstance(k, str) for k in transfer["keys"])):
+        raise FljaxError(f"column {column!r}: 'transfer' must be {{'from': a column, 'keys': "
+                         f"[grid keys]}}, got {transfer!r}")
+    others = sorted(set(sweep["columns"]) - {column})
+    if transfer["from"] not in others:
+        raise FljaxError(f"column {column!r} transfers from {transfer['from']!r}, which is not "
+                         f"another column of the sweep ({others})")
+    both = sorted(set(sweep["columns"][column].get("grid", {})) & set(transfer["keys"]))
+    if both:
+        raise FljaxError(f"column {column!r} both transfers and searches {both}: a key is one "
+                         f"or the other")
+
+
+def transfers(sweep: dict[str, Any], cell_list: list[Cell],
+              results: dict[Cell, list]) -> dict[tuple, dict[str, Any]]:
+    """{(row, column): {key: value}} for each column that transfers (``transfer``) from a source
+    whose runs in that row are all in ``results``: the source's selected values of the keys."""
+    found = {}
+    for column, values in sweep["columns"].items():
+        transfer = values.get("transfer")
+        if transfer is None:
+            continue
+        for row in dict.fromkeys(c.row for c in cell_list):
+            source = [c for c in cell_list if (c.row, c.column) == (row, transfer["from"])]
+            if not source or any(c not in results for c in source):
+                continue
+            chosen = dict(selected(sweep, results, row, transfer["from"])[0])
+            missing = [key for key in transfer["keys"] if key not in chosen]
+            if missing:
+                raise FljaxError(f"column {column!r} transfers {missing} from "
+                                 f"{transfer['from']!r}, whose grid does not search them (it "
+                                 f"searches {sorted(chosen)})")
+            found[(row, column)] = {key: chosen[key] for key in transfer["keys"]}
+    return found
 
 
 def restrict(sweep: dict[str, Any], rows: list[str] | None = None,
@@ -291,6 +353,11 @@ def restrict(sweep: dict[str, Any], rows: list[str] | None = None,
         kept["compare"] = [p for p in sweep.get("compare", []) if set(p) <= set(columns)]
         if sweep.get("cost_relative_to") not in kept["columns"]:
             kept.pop("cost_relative_to", None)
+    for column, values in kept["columns"].items():
+        source = (values.get("transfer") or {}).get("from")
+        if source is not None and source not in kept["columns"]:
+            raise FljaxError(f"column {column!r} takes values from {source!r} (transfer): keep "
+                             f"both columns")
     dropped = (set(sweep["rows"]) - set(kept["rows"])) | (set(sweep["columns"])
                                                           - set(kept["columns"]))
     kept["scales"] = {name: {key: value for key, value in scale.items() if key not in dropped}
