@@ -17,7 +17,8 @@ of values its runs take over its grid and seeds: one value, or the sorted list i
   never silently change a cell: earlier reviews of the settings found four such cases);
 - every cell has a line for each setting a paper states: data, split and its parameter, clients,
   participation, local work, batch, lr and its decay, weight decay, rounds, model, algorithm, and
-  every algorithm, wrapper and switch argument it sets;
+  every algorithm, wrapper and switch argument it sets, except the values a stage takes from
+  another column's selection (``transfer``), which no line may state;
 - every sweep file with a full scale has a table, and every line has a source;
 - every line has a quote: the words its value comes from, so a reader checks the line against the
   paper without searching it. ``quote`` is one or more quoted passages, each with an optional label
@@ -174,7 +175,7 @@ def json_leaves(config) -> list[str]:
 def groups(spec: dict, scale: str, out_dir: str) -> dict[tuple, list]:
     """Each (row, column) of the sweep at ``scale``: its runs' configs."""
     result: dict[tuple, list] = {}
-    for cell in sweep.cells(spec, scale, out_dir, seeds=[0]):
+    for cell in sweep.all_stages(spec, scale, out_dir, seeds=[0]):
         result.setdefault((cell.row, cell.column), []).append(cell.config)
     return result
 
@@ -190,9 +191,18 @@ def check(specs: dict[str, dict], lines: list[dict], out_dir: str) -> list[str]:
         for scale in full_scales(spec):
             mine = [line for line in lines if (line["sweep"], line["scale"]) == (name, scale)]
             for (row, column), configs in groups(spec, scale, out_dir).items():
+                # a stage's values taken from another column (transfer) are that column's
+                # selection, not settings: no line states them
+                taken = set((spec["columns"][column].get("transfer") or {}).get("keys", []))
                 stated = set()
                 for line in mine:
                     if not (covers(line["rows"], row) and covers(line["columns"], column)):
+                        continue
+                    if line["setting"] in taken:
+                        problems.append(f"{name} ({scale}) {row} / {column}: "
+                                        f"{line['setting']} is taken from "
+                                        f"{spec['columns'][column]['transfer']['from']!r}'s "
+                                        f"selection, not stated ({line['where']})")
                         continue
                     stated.add(line["setting"])
                     try:
@@ -215,7 +225,7 @@ def check(specs: dict[str, dict], lines: list[dict], out_dir: str) -> list[str]:
                     needed.add(PARTITION_PARAMETER[config.partition])
                 if config.switch_to:
                     needed |= {"switch_to", "switch_at"}
-                missing = sorted(needed - stated)
+                missing = sorted(needed - stated - taken)
                 if missing:
                     problems.append(f"{name} ({scale}) {row} / {column}: no table line states "
                                     f"{missing}")

@@ -178,7 +178,8 @@ def test_every_scale_of_every_experiment_sweep_validates(path, tmp_path):
     spec = sweep.load_sweep(path)
     assert {"cpu", "full"} <= set(spec["scales"])
     for scale in spec["scales"]:
-        assert sweep.cells(spec, scale, str(tmp_path))
+        cell_list = sweep.all_stages(spec, scale, str(tmp_path))
+        assert {c.column for c in cell_list} == set(spec["columns"])
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[os.path.basename(p) for p in SWEEPS])
@@ -198,8 +199,8 @@ def test_every_cpu_cell_builds_and_the_last_cell_trains(path, tmp_path):
         changes = dict(data_dir=str(tmp_path / "leaf"), num_clients=200, clients_per_round=50)
     if spec["base"].get("accountant") == "pld":   # calibrating z for 1 round: seconds by PLD
         changes["accountant"] = "rdp"
-    cells = sweep.cells(spec, "cpu", str(tmp_path), seeds=[0], rounds=1, eval_every=1,
-                        **changes)
+    cells = sweep.all_stages(spec, "cpu", str(tmp_path), seeds=[0], rounds=1,
+                             eval_every=1, **changes)
     first_points = {}
     for cell in cells:
         first_points.setdefault((cell.row, cell.column), cell)

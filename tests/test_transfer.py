@@ -93,3 +93,12 @@ def test_a_key_the_source_does_not_search_and_a_dropped_source_are_refused(tmp_p
         sweep.transfers(spec, first, fake_run([])(first))
     with pytest.raises(FljaxError, match="takes values from 'FedAvg' \\(transfer\\): keep both"):
         sweep.restrict(SPEC, columns=["FedGA (stage 1)"])
+
+
+def test_all_stages_gives_every_column_for_plans_and_checks(tmp_path):
+    """all_stages (fljax sweep --plan, the settings and build checks): every stage's cells, the
+    sources taken at their first grid point."""
+    cell_list = sweep.all_stages(SPEC, None, str(tmp_path))
+    assert [len([c for c in cell_list if c.column == k]) for k in SPEC["columns"]] == [24, 12, 24]
+    stage2 = [c for c in cell_list if c.column == "FedGA (stage 2)"]
+    assert {json.loads(c.config.algorithm_args)["beta"] for c in stage2} == {0.5}

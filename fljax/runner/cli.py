@@ -356,7 +356,7 @@ def _sweep(argv: list[str]) -> int:
     import_recorded(out_dir, depth=4)       # its runs' registered names, for a resume
     cell_list = sweep.cells(spec, args.scale, out_dir, seeds, **changes)
     if args.plan:
-        return _plan(cell_list, args, name)
+        return _plan(sweep.all_stages(spec, args.scale, out_dir, seeds, **changes), args, name)
     with _ctrl_c_exits("interrupted between runs; the finished runs are kept: run the same "
                        "command again to continue"):
         try:

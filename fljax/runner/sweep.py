@@ -336,6 +336,24 @@ def transfers(sweep: dict[str, Any], cell_list: list[Cell],
     return found
 
 
+def all_stages(sweep: dict[str, Any], scale: str | None, out_dir: str,
+               seeds: list[int] | None = None, **changes) -> list[Cell]:
+    """The cells of every stage (the columns that ``transfer`` included), as if each source column
+    selected its first grid point: what ``fljax sweep --plan`` estimates and what a check of every
+    cell builds. The transferred values of a real run are its sources' selections."""
+    cell_list, transferred = cells(sweep, scale, out_dir, seeds, **changes), {}
+    while True:
+        key = sweep.get("selection", "val_accuracy")
+        tied = {c: [{"round": c.config.rounds, key: 0.0}] for c in cell_list}
+        new = {key: values for key, values in transfers(sweep, cell_list, tied).items()
+               if key not in transferred}
+        if not new:
+            return cell_list
+        transferred.update(new)
+        cell_list += [c for c in cells(sweep, scale, out_dir, seeds, None, transferred, **changes)
+                      if (c.row, c.column) in new]
+
+
 def restrict(sweep: dict[str, Any], rows: list[str] | None = None,
              columns: list[str] | None = None) -> dict[str, Any]:
     """The sweep with only ``rows`` and ``columns`` (None: all), its ``compare`` pairs and
