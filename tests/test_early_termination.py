@@ -73,13 +73,20 @@ def test_a_sweep_cannot_set_both_ways_of_stopping_early(tmp_path):
         sweep.load_sweep(str(path))
 
 
+def sweep_command_table(spec, run, tmp_path, monkeypatch) -> str:
+    """``fljax sweep`` on ``spec`` with ``run(cells) -> {cell: evaluations}`` standing in for
+    training; the table it writes."""
+    monkeypatch.setattr(sweep, "run_sweep", lambda cells, run_configs, max_runs: run(cells))
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(spec))
+    (tmp_path / "runs" / "base").mkdir(parents=True)     # where the stood-in runs would write
+    assert main(["sweep", str(path), "--out-dir", str(tmp_path / "runs"), "--quiet"]) == 0
+    return (tmp_path / "runs" / "base" / "results.md").read_text()
+
+
 def test_fljax_sweep_stops_points_early(tmp_path, monkeypatch):
     """fljax sweep passes a file's early_termination to the runs (training stood in for)."""
     calls = []
-    monkeypatch.setattr(sweep, "run_sweep", lambda cells, run, max_runs: fake_run(calls)(cells))
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps(SPEC))
-    (tmp_path / "runs" / "base").mkdir(parents=True)     # where the stood-in runs would write
-    assert main(["sweep", str(path), "--out-dir", str(tmp_path / "runs"), "--quiet"]) == 0
+    table = sweep_command_table(SPEC, fake_run(calls), tmp_path, monkeypatch)
     assert calls == [12, 8]                   # 2 points x 2 seeds stopped at round 4
-    assert "lr=0.1" in (tmp_path / "runs" / "base" / "results.md").read_text()
+    assert "lr=0.1" in table

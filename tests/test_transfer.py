@@ -8,7 +8,7 @@ import pytest
 
 from fljax.errors import FljaxError
 from fljax.runner import sweep
-from fljax.runner.cli import main
+from tests.test_early_termination import sweep_command_table
 
 
 def score(config):
@@ -60,13 +60,8 @@ def test_a_column_waits_for_its_source_then_takes_its_selected_values(tmp_path):
 
 def test_fljax_sweep_runs_stage_after_stage(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(sweep, "run_sweep", lambda cells, run, max_runs: fake_run(calls)(cells))
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps(SPEC))
-    (tmp_path / "runs" / "base").mkdir(parents=True)     # where the stood-in runs would write
-    assert main(["sweep", str(path), "--out-dir", str(tmp_path / "runs"), "--quiet"]) == 0
+    table = sweep_command_table(SPEC, fake_run(calls), tmp_path, monkeypatch)
     assert calls == [["FedAvg"], ["FedGA (stage 1)"], ["FedGA (stage 2)"]]
-    table = (tmp_path / "runs" / "base" / "results.md").read_text()
     assert "lr=0.1, weight_decay=0.001" in table and "beta=2.0" in table
 
 
