@@ -26,8 +26,9 @@ of values its runs take over its grid and seeds: one value, or the sorted list i
   code, any other label (``McMahan et al. 2017``) for another paper. A line whose value the paper and
   its code do not state says so with ``ours: <why>`` instead. ``...`` inside a passage marks words
   left out. Where ``FLJAX_PAPER_TEXT`` names a folder holding a paper's text as ``<table>.txt``
-  (``fedinit.txt`` for ``fedinit.md``), each unlabelled passage must occur in it word for word
-  (compared on letters and digits only, so line breaks, hyphenation and markup do not matter).
+  (the settings table's name with .txt for .md), each unlabelled passage must occur in it word
+  for word (compared on letters and digits only, so line breaks, hyphenation and markup do not
+  matter).
 """
 
 from __future__ import annotations
