@@ -56,7 +56,7 @@ def plan_sweeps(out_dir: str, only: list[str] | None) -> None:
         if "full" not in spec.get("scales", {}):
             continue
         start = time.time()
-        cell_list = sweep.cells(spec, "full", os.path.join("runs", name))
+        cell_list = sweep.all_stages(spec, "full", os.path.join("runs", name))
         programs = estimate.plan([c.config for c in cell_list], cache=cache)
         table = estimate.plan_table(cell_list, programs, GPU_BYTES)
         with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
