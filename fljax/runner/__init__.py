@@ -8,7 +8,8 @@ Modules:
 - ``grouping``: which runs can share one compiled program (traced hyperparameters).
 - ``train``: running, resuming and logging one run or many (``run``, ``run_many``).
 - ``sweep``: a paper's table as rows x columns x seeds, the tuning rule and paired comparisons.
-- ``hyperband``: early stopping of sweep grids.
+- ``hyperband``: early stopping of sweep grids (FedDecay's Hyperband).
+- ``early_termination``: stopping a sweep grid's weak points at a fraction of the rounds (FedGA's B.2).
 - ``checkpoint``: orbax checkpoints that a crash or Ctrl-C cannot corrupt.
 - ``logs``: metrics.jsonl and TensorBoard.
 - ``multihost``: many processes (``jax.distributed``) and stopping them together.

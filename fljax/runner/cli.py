@@ -361,7 +361,7 @@ def _sweep(argv: list[str]) -> int:
                        "command again to continue"):
         try:
             results, transferred = {}, {}
-            stage = cell_list
+            stage = list(cell_list)
             while stage:
                 results.update(_run_cells(stage, args, spec, where=out_dir))
                 for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
@@ -372,11 +372,8 @@ def _sweep(argv: list[str]) -> int:
                           f"its edge", flush=True)
                     cell_list += more
                     results.update(_run_cells(more, args, spec))
-                new = {key: values for key, values in
-                       sweep.transfers(spec, cell_list, results).items() if key not in transferred}
-                transferred.update(new)                   # the next stage (transfer)
-                stage = [c for c in sweep.cells(spec, args.scale, out_dir, seeds, None, transferred,
-                                                **changes) if (c.row, c.column) in new]
+                stage = sweep.next_stage(spec, args.scale, out_dir, cell_list, results,
+                                         transferred, seeds, **changes)   # transfer
                 if stage:
                     print(f"next stage: {len(stage)} runs of {sorted({c.column for c in stage})} "
                           f"with the values they take from their source columns", flush=True)

@@ -336,22 +336,31 @@ def transfers(sweep: dict[str, Any], cell_list: list[Cell],
     return found
 
 
+def next_stage(sweep: dict[str, Any], scale: str | None, out_dir: str, cell_list: list[Cell],
+               results: dict[Cell, list], transferred: dict[tuple, dict[str, Any]],
+               seeds: list[int] | None = None, **changes) -> list[Cell]:
+    """The cells of the columns that can start now: those whose source column's runs are all in
+    ``results`` and that have not started (``transfer``); their values join ``transferred``."""
+    new = {key: values for key, values in transfers(sweep, cell_list, results).items()
+           if key not in transferred}
+    transferred.update(new)
+    return [c for c in cells(sweep, scale, out_dir, seeds, None, transferred, **changes)
+            if (c.row, c.column) in new]
+
+
 def all_stages(sweep: dict[str, Any], scale: str | None, out_dir: str,
                seeds: list[int] | None = None, **changes) -> list[Cell]:
     """The cells of every stage (the columns that ``transfer`` included), as if each source column
     selected its first grid point: what ``fljax sweep --plan`` estimates and what a check of every
     cell builds. The transferred values of a real run are its sources' selections."""
     cell_list, transferred = cells(sweep, scale, out_dir, seeds, **changes), {}
+    key = sweep.get("selection", "val_accuracy")
     while True:
-        key = sweep.get("selection", "val_accuracy")
         tied = {c: [{"round": c.config.rounds, key: 0.0}] for c in cell_list}
-        new = {key: values for key, values in transfers(sweep, cell_list, tied).items()
-               if key not in transferred}
-        if not new:
+        stage = next_stage(sweep, scale, out_dir, cell_list, tied, transferred, seeds, **changes)
+        if not stage:
             return cell_list
-        transferred.update(new)
-        cell_list += [c for c in cells(sweep, scale, out_dir, seeds, None, transferred, **changes)
-                      if (c.row, c.column) in new]
+        cell_list += stage
 
 
 def restrict(sweep: dict[str, Any], rows: list[str] | None = None,
