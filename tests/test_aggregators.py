@@ -283,3 +283,18 @@ def test_buckets_average_disjoint_groups_of_real_rows(size):
     np.testing.assert_array_equal(np.round(members).sum(axis=1), sizes)
     np.testing.assert_array_equal(np.round(members).sum(axis=0), np.ones(N))   # each row once
     np.testing.assert_array_equal(out[buckets:], 0)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 25, 33])
+def test_the_sorting_network_sorts_columns_as_numpy(m):
+    """The median, trimmed mean and Bulyan sort each coordinate by a bitonic network of
+    elementwise min and max: it must give numpy's sort exactly, ties and +inf padding included,
+    with a nan counted as +inf (jnp.sort's place for it)."""
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, 5)).astype(np.float32)
+    x[rng.random((m, 5)) < 0.3] = 0.25                     # ties
+    x[rng.random((m, 5)) < 0.1] = np.nan
+    mask = rng.random(m) < 0.8
+    expected = np.sort(np.where(mask[:, None] & ~np.isnan(x), x, np.inf), axis=0)
+    np.testing.assert_array_equal(agg._sorted_columns(jnp.asarray(x), jnp.asarray(mask)),
+                                  expected)
