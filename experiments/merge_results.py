@@ -107,18 +107,18 @@ def results_of(spec: dict, last: dict, curves: dict) -> dict:
 
 def check_selection(spec: dict, results: dict, row: str, column: str, curves: dict) -> None:
     """Stop where the merged selection needs a curve no folder holds, or is a 6-digit tie."""
-    best, runs = sweeps.selected(spec, results, row, column)
-    if not runs:
+    best, best_runs = sweeps.selected(spec, results, row, column)
+    if not best_runs:
         return
     key = spec.get("selection", "val_accuracy")
-    scores = {}
+    by_point = {}
     for cell, evals in results.items():
         if (cell.row, cell.column) == (row, column):
-            scores.setdefault(cell.setting, []).append(evals)
-    if len(scores) > 1:
-        means = sorted(statistics.mean(e[-1].get(key, 0.0) for e in runs)
-                       for setting, runs in scores.items()
-                       if not any(sweeps.stopped(e) for e in runs))
+            by_point.setdefault(cell.setting, []).append(evals)
+    if len(by_point) > 1:
+        means = sorted(statistics.mean(e[-1].get(key, 0.0) for e in point_runs)
+                       for point_runs in by_point.values()
+                       if not any(sweeps.stopped(e) for e in point_runs))
         if len(means) > 1 and abs(means[-1] - means[-2]) < 1e-6:
             raise FljaxError(f"{row!r} / {column!r}: two grid points tie on {key} to 6 digits; "
                              f"select in one call of fljax sweep instead")
