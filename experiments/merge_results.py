@@ -12,7 +12,9 @@ It reads each folder's ``runs.csv`` (every run's last evaluation) and ``curves.c
 evaluation of the selected points' runs). A run found in two folders must have the same numbers
 in both; otherwise the script stops. It then makes the selection again over all the runs, as
 ``fljax sweep`` would, and writes the same three files ``fljax sweep`` writes: ``results.md``,
-``runs.csv`` and ``curves.csv`` (``fljax.runner.sweep.table`` and ``results_csv``).
+``runs.csv`` and ``curves.csv`` (``fljax.runner.sweep.table`` and ``results_csv``). The
+heading's data and models are the sweep file's at ``--scale`` (a ``--set`` given to ``fljax
+sweep`` is not known here).
 
 It stops if the new selection picks a grid point whose curves no folder holds. The CSVs keep 6
 significant digits, so a selection between two points closer than that may differ from the one
@@ -142,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         spec = sweeps.restrict(sweeps.load_sweep(args.sweep_file), args.rows, args.columns)
         last, curves = merged_runs(args.folders)
         results = results_of(spec, last, curves)
+        configs = [cell.config for cell in sweeps.cells(spec, args.scale, args.out)]
     except FljaxError as e:
         print(f"merge_results: {e}", file=sys.stderr)
         return 2
-    text = (f"{spec.get('title', os.path.basename(args.sweep_file))} (scale: {args.scale})\n\n"
+    text = (sweeps.heading(spec, args.scale, configs, os.path.basename(args.sweep_file))
+            + "\n\n"
             + sweeps.table(spec, results, args.scale) + f"\n\n{sweeps.BOLD_RULE}")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.md"), "w") as f:

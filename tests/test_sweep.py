@@ -60,6 +60,20 @@ def test_a_rows_cells_set_values_of_one_cell_over_its_column(tmp_path):
         sweep.cells(bad, None, str(tmp_path))
 
 
+def test_the_heading_names_the_scales_title_and_the_data_its_runs_used(tmp_path):
+    spec = {**SPEC, "scales": {**SPEC["scales"],
+                               "real": {"title": "t on real images",
+                                        "base": {"dataset": "fashion_mnist", "model": "mlp"}}}}
+    real = [c.config for c in sweep.cells(spec, "real", str(tmp_path))]
+    assert sweep.heading(spec, "real", real) == ("t on real images (scale: real; "
+                                                 "data: fashion_mnist; model: mlp)")
+    small = [c.config for c in sweep.cells(spec, "small", str(tmp_path))]
+    assert sweep.heading(spec, "small", small) == (f"t (scale: small; data: "
+                                                   f"{small[0].dataset}; model: "
+                                                   f"{small[0].model})")
+    assert sweep.heading({}, None, [], "file.json") == "file.json (scale: base)"
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(rows={}), "'rows' must be a non-empty object"),
     (dict(columns={"a/b": {}}), "may hold only"),

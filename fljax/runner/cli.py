@@ -381,7 +381,7 @@ def _sweep(argv: list[str]) -> int:
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130
-        text = (f"{spec.get('title', name)} (scale: {args.scale or 'base'})\n\n"
+        text = (sweep.heading(spec, args.scale, [c.config for c in cell_list], name) + "\n\n"
                 + sweep.table(spec, results, args.scale) + f"\n\n{sweep.BOLD_RULE}")
         path = os.path.join(out_dir, args.scale or "base", "results.md")
         write_file(path, text + "\n")

@@ -26,6 +26,9 @@ A sweep file::
                                                      aggregate where a run has it
      "scales": {"cpu": {"base": {values}, "row or column name": {values},
                         "target_accuracy": 0.9}, "full": {...}},
+                                                     a scale may have its own "title" (e.g. a
+                                                     real-image scale of a sweep whose title
+                                                     names its toy data)
      "selection": "val_accuracy",                    optional: the evaluation key a grid is
                                                      selected on (maximized; default
                                                      val_accuracy: the validation split)
@@ -251,7 +254,7 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     overrides = scales.get(scale, {}) if scale is not None else {}
     names = set(sweep["rows"]) | set(sweep["columns"]) | {"base"}
     unknown = sorted(set(overrides) - names - {"target_accuracy", "hyperband",
-                                               "early_termination"})
+                                               "early_termination", "title"})
     if unknown:
         raise FljaxError(f"scale {scale!r} overrides unknown rows or columns {unknown}")
     result = []
@@ -636,6 +639,19 @@ def late_gain(evaluations: list[dict[str, Any]], key: str, fraction: float = 0.2
     start = (1 - fraction) * logged[-1]["round"]
     earlier = min(logged[:-1], key=lambda e: abs(e["round"] - start))
     return logged[-1][key] - earlier[key]
+
+
+def heading(sweep: dict[str, Any], scale: str | None, configs: list[ExperimentConfig],
+            default_title: str = "sweep") -> str:
+    """The first line of a sweep's ``results.md``: the scale's own ``title`` if it has one, else
+    the sweep's; the scale; and the data and models its runs trained on (read from their
+    configs, so that the table never names data it did not run)."""
+    title = sweep.get("scales", {}).get(scale, {}).get("title",
+                                                       sweep.get("title", default_title))
+    data = ", ".join(sorted({c.dataset for c in configs}))
+    models = ", ".join(sorted({c.model for c in configs}))
+    ran = f"; data: {data}; model: {models}" if configs else ""
+    return f"{title} (scale: {scale or 'base'}{ran})"
 
 
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
