@@ -133,6 +133,27 @@ def test_a_run_trains_on_existing_users_only_and_logs_both_groups(tmp_path):
         [{k: v for k, v in e.items() if k != "time_s"} for e in evaluations]   # deterministic
 
 
+def test_runs_built_together_share_one_per_user_program_unless_models_are_personal(tmp_path):
+    """A batch's runs (one ``shared`` dict, as ``build_batch`` passes) with other seeds and lrs,
+    and users of the same sizes, share the compiled per-user program (one executable, not one per
+    run) and score as the run alone; an algorithm with personal models keeps its own (its
+    program reads the algorithm's state)."""
+    shared = {}
+    configs = [ExperimentConfig().replace(out_dir=str(tmp_path / f"r{i}"), **CONFIG,
+                                          partition="iid", **change)
+               for i, change in enumerate([{}, {"seed": 1}, {"lr": 0.2}])]
+    together = [build(c, shared=shared) for c in configs]
+    assert len({e.evaluate_users.program for e in together}) == 1
+    alone = build(configs[1])
+    assert alone.evaluate_users.program is not together[1].evaluate_users.program
+    key = jax.random.PRNGKey(3)      # seed 1's users, scored by the program seed 0's run made
+    params = alone.initial_params()
+    assert together[1].evaluate_users(params, key) == alone.evaluate_users(params, key)
+    ditto = [build(c.replace(algorithm="ditto"), shared=shared).evaluate_users.program
+             for c in configs[:2]]
+    assert ditto[0] is not ditto[1]
+
+
 def test_cli_prints_existing_and_new_user_columns(tmp_path, capsys):
     argv = ["--out-dir", str(tmp_path), "--quiet"] + [
         f"--{k.replace('_', '-')}={v}" for k, v in CONFIG.items() if v is not None]

@@ -48,12 +48,20 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
                         finetune: optax.GradientTransformation, steps: int,
                         batch_size: int | None, eval_batch: int = 256,
                         personal_model: Callable | None = None, fresh_state: Any = None,
-                        adapt: Callable | None = None) -> Callable[..., dict[str, float]]:
+                        adapt: Callable | None = None,
+                        programs: dict | None = None) -> Callable[..., dict[str, float]]:
     """``evaluate(params, key, server_state=None, client_states=None) -> {'existing_test_acc',
     'existing_test_acc_p10', ...}``.
 
     ``data`` holds the examples (its own client layout is ignored); ``users`` says whose they
     are. ``batch_size=None`` fine-tunes on a user's whole training split at once.
+
+    ``programs``: a dict shared by the evaluators of runs with the same ``model`` and fine-tuning
+    optimizer (a batch of runs, ``fljax.runner.experiment.build_batch``). Without personal models
+    and ``adapt`` the compiled per-user program depends on them and on the users' shapes only (the
+    users' examples are its arguments), so those runs share one program per shape instead of
+    compiling and loading one each (hundreds of runs in one batch otherwise exhaust the CPU
+    compiler's code memory).
 
     Personal models (``Algorithm.personal_model(params, server_state, client_state)``): existing
     user ``users.existing[j]`` starts from the personal model of client row j of
@@ -116,7 +124,9 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
                            states, fresh)               # no copy of the N x params states
         return personal_model(params, server_state, own)
 
-    @jax.jit
+    shape = (steps, batch, max_train, tuple(sorted(largest.items())), num_users, eval_batch)
+    shareable = programs is not None and personal_model is None and adapt is None
+
     def per_user(params, key, train, splits, personal):   # data are arguments, not constants
         def one(user):
             start = start_of(params, personal, user)
@@ -128,6 +138,9 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
                     for name, split in splits.items()}
 
         return jax.lax.map(one, jnp.arange(num_users))
+
+    per_user = (programs.setdefault(shape, jax.jit(per_user)) if shareable
+                else jax.jit(per_user))
 
     def evaluate(params: Params, key: jax.Array, server_state: Any = None,
                  client_states: Any = None) -> dict[str, float]:
@@ -153,4 +166,5 @@ def make_user_evaluator(model: Model, data: FederatedData, users: Users, *,
                 })
         return scores
 
+    evaluate.program = per_user      # the compiled per-user program (shared where ``programs``)
     return evaluate

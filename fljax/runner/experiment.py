@@ -344,7 +344,10 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         evaluate_users = make_user_evaluator(
             model, data, users, finetune=finetune, steps=config.finetune_steps,
             batch_size=None if config.batch_size == 0 else config.batch_size,
-            personal_model=algorithm.personal_model, fresh_state=fresh, adapt=algorithm.adapt)
+            personal_model=algorithm.personal_model, fresh_state=fresh, adapt=algorithm.adapt,
+            programs=shared.setdefault(("user programs", model_key, config.finetune_lr,
+                                        config.momentum, config.weight_decay,
+                                        config.clip_norm), {}))
 
     def initial_state() -> RoundState:
         return round_fn.init_state(initial_params(), config.seed)
