@@ -148,9 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     except FljaxError as e:
         print(f"merge_results: {e}", file=sys.stderr)
         return 2
-    text = (sweeps.heading(spec, args.scale, configs, os.path.basename(args.sweep_file))
-            + "\n\n"
-            + sweeps.table(spec, results, args.scale) + f"\n\n{sweeps.BOLD_RULE}")
+    text = sweeps.results_markdown(spec, results, args.scale, configs,
+                                   os.path.basename(args.sweep_file))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text + "\n")

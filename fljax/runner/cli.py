@@ -381,8 +381,8 @@ def _sweep(argv: list[str]) -> int:
         except RunInterrupted as e:
             print(f"fljax: {e}", file=sys.stderr)
             return 130
-        text = (sweep.heading(spec, args.scale, [c.config for c in cell_list], name) + "\n\n"
-                + sweep.table(spec, results, args.scale) + f"\n\n{sweep.BOLD_RULE}")
+        text = sweep.results_markdown(spec, results, args.scale,
+                                      [c.config for c in cell_list], name)
         path = os.path.join(out_dir, args.scale or "base", "results.md")
         write_file(path, text + "\n")
         for csv_name, csv_text in zip(("runs.csv", "curves.csv"),

@@ -654,6 +654,13 @@ def heading(sweep: dict[str, Any], scale: str | None, configs: list[ExperimentCo
     return f"{title} (scale: {scale or 'base'}{ran})"
 
 
+def results_markdown(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None,
+                     configs: list[ExperimentConfig], default_title: str = "sweep") -> str:
+    """The text of a sweep's ``results.md``: ``heading``, ``table`` and the bold rule."""
+    return (heading(sweep, scale, configs, default_title) + "\n\n"
+            + table(sweep, results, scale) + f"\n\n{BOLD_RULE}")
+
+
 def table(sweep: dict[str, Any], results: dict[Cell, list], scale: str | None = None) -> str:
     """Markdown: final (with ``best_round``: best-round) test accuracy (%) of each cell (a line
     per row and metric, if the sweep names ``metrics``) as mean +- std over seeds, the best of a
