@@ -413,6 +413,51 @@ def test_a_diverged_point_beyond_the_edge_ends_the_extension(tmp_path):
     assert sweep.table(spec, results).splitlines()[2] == "| Dir: selected on val_accuracy | lr=0.2 |"
 
 
+def test_extending_jointly_finds_the_point_that_one_key_at_a_time_misses(tmp_path):
+    """Two interacting keys (GradAlign's lr and beta: a large lr is stable only at a large beta):
+    lr stays stable while lr <= 0.12 (1 + mu), and the score peaks at lr 0.4, mu 2.5. From the
+    grid {0.1, 0.2} x {0.1, 0.5} the one-key rule stops at lr 0.1 / mu 2.5 (0.8); extending
+    jointly searches the selected point's 3 x 3 neighbourhood and ends at lr 0.4 / mu 2.5 (1.0),
+    with every point around it run and no point run twice."""
+    import math
+    spec = {**GRID_SPEC, "extend": ["lr", "algorithm_args.mu"], "compare": [],
+            "columns": {"P": {"algorithm": "fedprox",
+                              "grid": {"lr": [0.1, 0.2], "algorithm_args.mu": [0.1, 0.5]}}}}
+
+    def train(configs):
+        def score(lr, mu):
+            return 1 - 0.1 * abs(math.log2(lr / 0.4)) - 0.1 * abs(math.log(mu / 2.5, 5))
+        return [Diverged("nan", 1) if c.lr > 0.12 * (1 + json.loads(c.algorithm_args)["mu"]) + 1e-9 else
+                [{"round": 1, "accuracy": 0.5,
+                  "val_accuracy": score(c.lr, json.loads(c.algorithm_args)["mu"])}] for c in configs]
+
+    def search(spec):
+        cell_list = sweep.cells(spec, None, str(tmp_path))
+        results, added = sweep.run_sweep(cell_list, train), []
+        for _ in range(sweep.MAX_EXTENSIONS):
+            more = sweep.extensions(spec, cell_list, results)
+            if not more:
+                break
+            assert len({c.config.out_dir for c in more}) == len(more)
+            assert not {c.setting for c in more} & {c.setting for c in cell_list}
+            added.append(len({c.setting for c in more}))
+            cell_list += more
+            results.update(sweep.run_sweep(more, train))
+        best = dict(sweep.selected(spec, results, "Dir", "P")[0])
+        return (round(best["lr"], 6), round(best["algorithm_args.mu"], 6)), added, cell_list
+
+    assert search(spec)[:2] == ((0.1, 2.5), [2, 1])        # lr 0.05 and mu 2.5; then mu 12.5
+    joint, added, cell_list = search({**spec, "extend_jointly": True})
+    assert joint == (0.4, 2.5) and added == [5, 5, 3]
+    around = {(lr, mu) for lr in (0.2, 0.4, 0.8) for mu in (0.5, 2.5, 12.5)}
+    assert around <= {(dict(c.setting)["lr"], dict(c.setting)["algorithm_args.mu"])
+                      for c in cell_list}
+    with pytest.raises(FljaxError, match="'extend_jointly' must be true or false, got 'yes'"):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({**spec, "extend_jointly": "yes"}))
+        sweep.load_sweep(str(path))
+
+
 def test_results_csv_has_every_run_and_the_selected_curves(tmp_path):
     import csv
     import io

@@ -45,6 +45,9 @@ A sweep file::
      "extend": ["lr"],                               optional: grid keys whose selected value
                                                      may not sit at the grid's edge (the
                                                      tuning rule, below)
+     "extend_jointly": true,                         optional: extend the ``extend`` keys
+                                                     together, by the selected point's whole
+                                                     neighbourhood (below)
      "hyperband": {"min_rounds": 10,                 optional: stop a cell's weak grid points
                    "reduction_factor": 3},           early (fljax.runner.hyperband: FedDecay's search;
                                                      a scale may set its own)
@@ -75,6 +78,13 @@ grid ends at the edge of stability. The table marks a selected value still at an
 line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
 ``selection`` score's rise over the last quarter of the rounds (the last evaluation minus the one
 at 75% of the rounds): the evidence that the runs have stopped improving.
+
+That rule moves one key at a time from the selected point, so where two keys interact (a larger lr
+that is stable only at a larger beta) it can stop at a point whose joint neighbours score higher.
+``"extend_jointly": true`` makes it a pattern search over the ``extend`` keys: around the selected
+point, each key takes its neighbours among the values tried (or the next value past an edge, as
+above) and every untried combination of {lower, selected, higher} over the keys runs (3^k - 1 at
+most, for k keys), repeated until the selected point's whole neighbourhood has run.
 
 Stagewise tuning (``transfer``): FedGA's appendix B.2 tunes FedAvg and large-batch SGD first,
 "transferred the optimal hyperparameters ... and fixed them to then perform the search for the
@@ -117,7 +127,7 @@ from fljax.runner.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
-              "hyperband", "early_termination"}
+              "extend_jointly", "hyperband", "early_termination"}
 MAX_EXTENSIONS = 4
 SIGNIFICANCE = 0.05     # a table marks a line's best only where its paired t-test gives p below
 BOLD_RULE = (f"Bold: the best of its line, where its paired difference from the runner-up is "
@@ -183,6 +193,9 @@ def load_sweep(path: str) -> dict[str, Any]:
     extend = sweep.get("extend", [])
     if not (isinstance(extend, list) and all(isinstance(k, str) for k in extend)):
         raise FljaxError(f"sweep 'extend' must be a list of grid keys, got {extend!r}")
+    if not isinstance(sweep.get("extend_jointly", False), bool):
+        raise FljaxError(f"sweep 'extend_jointly' must be true or false, got "
+                         f"{sweep['extend_jointly']!r}")
     for scale in [None, *sweep.get("scales", {})]:
         hyperband.check(hyperband_options(sweep, scale))
         early_termination.check(early_termination_options(sweep, scale))
@@ -586,25 +599,50 @@ def extensions(sweep: dict[str, Any], cell_list: list[Cell],
     """The runs the tuning rule adds: for each (row, column) whose selected value of an
     ``extend`` key is the smallest or largest of the (positive) values its grid tried, the runs of
     the next value beyond that edge, v_edge^2 / v_neighbour, at the selected point's other values
-    and with every seed of the cell."""
+    and with every seed of the cell. With ``extend_jointly``: the runs of every untried point of
+    the selected point's neighbourhood, the product over the ``extend`` keys of {the value tried
+    below, the selected value, the value tried above} (past an edge: v_edge^2 / v_neighbour)."""
     by_cell: dict[tuple, list[Cell]] = {}
     for cell in cell_list:
         by_cell.setdefault((cell.row, cell.column), []).append(cell)
+    jointly = sweep.get("extend_jointly", False)
     added = []
     for (row, column), members in by_cell.items():
         best = dict(selected(sweep, results, row, column)[0])
+        choices = {}                  # extend key -> the values its neighbourhood takes
         for key in sweep.get("extend", []):
             tried = sorted({dict(c.setting)[key] for c in members if key in dict(c.setting)})
             if len(tried) < 2 or key not in best or tried[0] <= 0:
                 continue
-            edge = best[key]
-            if edge not in (tried[0], tried[-1]):
-                continue
-            neighbour = tried[1] if edge == tried[0] else tried[-2]
-            value = float(f"{edge * edge / neighbour:.6g}")
-            added += [at_setting(c, tuple((k, value if k == key else v) for k, v in c.setting))
-                      for c in members if dict(c.setting) == best]
+            choices[key] = neighbours(tried, best[key], all_of_them=jointly)
+        if not choices:
+            continue
+        if jointly:
+            points = [dict(best, **dict(zip(choices, values)))
+                      for values in itertools.product(*choices.values())]
+        else:
+            points = [dict(best, **{key: value}) for key, values in choices.items()
+                      for value in values]
+        tried_points = {c.setting for c in members}
+        template = [c for c in members if dict(c.setting) == best]
+        for point in points:
+            setting = tuple((k, point[k]) for k, _ in template[0].setting)
+            if setting not in tried_points:
+                tried_points.add(setting)
+                added += [at_setting(c, setting) for c in template]
     return added
+
+
+def neighbours(tried: list[float], value: float, all_of_them: bool) -> list[float]:
+    """The values a selected ``value`` of the sorted positive ``tried`` values leads to: past an
+    edge, the next geometric step v_edge^2 / v_neighbour; with ``all_of_them``, also the values
+    tried just below and above it (and ``value`` itself)."""
+    i = tried.index(value)
+    below = tried[i - 1] if i > 0 else float(f"{value * value / tried[1]:.6g}")
+    above = tried[i + 1] if i < len(tried) - 1 else float(f"{value * value / tried[-2]:.6g}")
+    if all_of_them:
+        return [below, value, above]
+    return [below] if i == 0 else [above] if i == len(tried) - 1 else []
 
 
 def at_setting(cell: Cell, setting: tuple) -> Cell:
