@@ -145,6 +145,8 @@ def test_reproduction_report_recomputes_every_claim_from_the_checked_in_results(
     import numpy as np
     import scipy.stats
 
+    from fljax.runner import sweep
+
     results = NOTEBOOKS.parent / "experiments" / "results"
     measured = sorted(p.name for p in results.glob("*") if (p / "runs.csv").exists())
     assert measured, "no checked-in results under experiments/results"
@@ -174,6 +176,20 @@ def test_reproduction_report_recomputes_every_claim_from_the_checked_in_results(
                         "not reproduced")
         np.testing.assert_allclose(c["p"], p, rtol=1e-9)
         assert c["verdict"] == expected, c
+        curves = list(csv.DictReader(open(results / name / "curves.csv")))
+        key = next((k for k in ("val_accuracy", "existing_val_acc") if k in curves[0]), None)
+        for column, shown in zip((c["a"], c["b"]), c["rising"]):   # the rule's point 5
+            gains = []
+            for seed in sorted({r["seed"] for r in curves if r["row"] == c["row"]
+                                and r["column"] == column}):
+                evals = [{"round": int(r["round"]), "diverged": r["diverged"] == "1",
+                          **({key: float(r[key])} if key and r[key] else {})}
+                         for r in curves if (r["row"], r["column"], r["seed"]) ==
+                         (c["row"], column, seed)]
+                gain = sweep.late_gain(evals, key) if key else None
+                if gain is not None:
+                    gains.append(100 * gain)
+            assert shown == (pytest.approx(float(np.mean(gains))) if gains else None), c
 
 
 INSTALLING = ("quickstart.ipynb", "new_algorithm.ipynb", "feddyn_as_init_analysis.ipynb")
