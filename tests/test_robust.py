@@ -181,6 +181,43 @@ def test_mimic_copies_the_lowest_id_honest_client_of_the_round():
     np.testing.assert_array_equal(got[~bad], rows[~bad])
 
 
+def test_mimic_warmup_chooses_its_target_as_the_papers_code_does():
+    """Karimireddy et al.'s MimicVariantAttacker in float64, from the rows of each round: over
+    the first T rounds the running mean mu and direction z (one power-iteration step a round from
+    the random start), the target the honest client of largest <u_i, z>; then that client."""
+    warmup, rounds, seed = 2, 4, 3
+    algorithm = fljax.byzantine(capture(fljax.robust(FEDAVG, "mean")), "mimic", ids=[0, 1, 2],
+                                seed=seed, mimic_warmup=warmup)
+    round_fn = fljax.make_round(algorithm, MODEL, DATA, clients_per_round=8, batch_size=8,
+                                local_steps=3)
+    state = round_fn.init_state(PARAMS, 0)
+    z = np.asarray(jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), 1),
+                                     flat(PARAMS).shape), np.float64)
+    np.testing.assert_array_equal(flat(state.server_state.z), z)
+    mu, targets = np.zeros_like(z), []
+    for t in range(rounds):
+        state, metrics = round_fn(state)
+        rows = np.stack([flat(jax.tree.map(lambda a: a[i], metrics["rows"])) for i in range(8)])
+        ids = np.asarray(metrics["clients"])
+        bad = ids <= 2
+        if t < warmup:
+            a = t / (t + 1)
+            mu = a * mu + (1 - a) * rows[~bad].mean(axis=0)
+            c = sum(np.dot(u - mu, z) * (u - mu) for u in rows[~bad])
+            z = a * z + (1 - a) * c / np.linalg.norm(c)
+            z /= np.linalg.norm(z)
+            scores = np.where(bad, -np.inf, rows @ z)
+            assert np.sort(scores)[-1] - np.sort(scores)[-2] > 1e-6    # a clear argmax
+            target = ids[np.argmax(scores)]
+        targets.append(int(metrics["mimic_target"]))
+        assert targets[-1] == target and metrics["byzantine_sampled"] == 3
+        np.testing.assert_array_equal(rows[bad], np.broadcast_to(rows[ids == target],
+                                                                 rows[bad].shape))
+    np.testing.assert_allclose(flat(state.server_state.z), z, atol=1e-5)
+    np.testing.assert_allclose(flat(state.server_state.mu), mu, atol=1e-6)
+    assert int(state.server_state.seen) == rounds and len(set(targets[warmup - 1:])) == 1
+
+
 def test_bad_compositions_and_values_are_one_line():
     for make, said in [
             (lambda: fljax.robust(fljax.scaffold(fljax.local_sgd(0.1)), "median"),
@@ -188,6 +225,10 @@ def test_bad_compositions_and_values_are_one_line():
             (lambda: fljax.robust(FEDAVG, "mode"), "rule must be one of"),
             (lambda: fljax.robust(fljax.robust(FEDAVG), "median"), "aggregates its cohort"),
             (lambda: fljax.byzantine(FEDAVG, "ipm", count=1, fraction=0.1), "exactly one of"),
+            (lambda: fljax.byzantine(FEDAVG, "ipm", count=1, mimic_warmup=1),
+             "mimic_warmup is for attack 'mimic'"),
+            (lambda: fljax.byzantine(FEDAVG, "mimic", count=1, mimic_warmup=-1),
+             "mimic_warmup must be a whole number >= 0"),
             (lambda: fljax.switch(fljax.robust(FEDAVG), FEDAVG, 3), "wrap the switch")]:
         with pytest.raises(FljaxError, match=said) as raised:
             one_round(make())
@@ -225,6 +266,21 @@ def test_cli_resume_is_bit_identical_and_a_grid_over_tau_and_f_is_one_program(tm
     single = read_log(os.path.join(alone, "metrics.jsonl"))
     assert [r["train_loss"] for r in batched if r["kind"] == "round"] == pytest.approx(
         [r["train_loss"] for r in single if r["kind"] == "round"], abs=1e-6)
+
+
+def test_cli_resume_inside_the_mimic_warmup_is_bit_identical(tmp_path):
+    """The warm-up's state (mu, z, the rounds seen, the target) is in the checkpoint: stopping
+    at round 2 of a 3-round warm-up and resuming gives the run that never stopped."""
+    args = CLI + ["--wrappers", json.dumps({"robust": {"rule": "median"}, "byzantine": {
+        "attack": "mimic", "count": 3, "mimic_warmup": 3}})]
+    half, whole = str(tmp_path / "half"), str(tmp_path / "whole")
+    assert main(args + ["--rounds", "2", "--out-dir", half]) == 0
+    assert main(args + ["--rounds", "4", "--out-dir", half]) == 0
+    assert main(args + ["--rounds", "4", "--out-dir", whole]) == 0
+    logs = [[{k: v for k, v in r.items() if k != "time_s"}
+             for r in read_log(os.path.join(d, "metrics.jsonl"))] for d in (half, whole)]
+    assert logs[0] == logs[1]
+    assert [r["mimic_target"] >= 0 for r in logs[0] if r["kind"] == "round"] == [True] * 4
 
 
 SHARDED = textwrap.dedent("""

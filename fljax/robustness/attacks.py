@@ -174,11 +174,8 @@ def mimic(x: jax.Array, mask: jax.Array, byzantine: jax.Array, target=0) -> jax.
     1: the second, ...; clipped to the last), the convention of ByzFL's ``Mimic(epsilon)``; it may
     be traced. With no honest row the Byzantine rows are zeros.
 
-    The paper picks the target in a warm-up phase over the first rounds: a running estimate of
-    the honest mean and of the direction of maximum variance (one power-iteration step per
-    round), the target the honest worker with the largest projection on it, then fixed for the
-    rest of training. That needs state across rounds, so it is not done here: the caller chooses
-    the target (the paper's code also offers a fixed target worker, ``MimicAttacker``).
+    The paper picks the target in a warm-up phase over the first rounds (``mimic_warmup``, whose
+    state across rounds the ``byzantine`` wrapper keeps); here the caller chooses it.
     """
     honest = _honest(mask, byzantine)
     rank = jnp.cumsum(honest) - 1                   # honest row i is the rank[i]-th honest row
@@ -186,6 +183,38 @@ def mimic(x: jax.Array, mask: jax.Array, byzantine: jax.Array, target=0) -> jax.
     chosen = honest & (rank == jnp.clip(jnp.asarray(target), 0, last))
     attack = jnp.sum(jnp.where(chosen[:, None], x, 0), axis=0)
     return _replace_byzantine(x, mask, byzantine, attack)
+
+
+def mimic_warmup(x: jax.Array, honest: jax.Array, mu: jax.Array, z: jax.Array, seen):
+    r"""One warm-up round of the mimic attack: who to copy, by the direction of largest variance.
+
+    Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing",
+    ICLR 2022: the mimic attack's warm-up as their code's ``MimicVariantAttacker`` runs it.
+    With t = ``seen`` warm-up rounds before this one, a = t / (t + 1), the honest rows u_i and
+    their mean \bar u:
+
+    .. math::
+
+        \mu \leftarrow a \mu + (1 - a) \bar u, \qquad
+        c = \sum_{i\ \mathrm{honest}} \langle u_i - \mu, z \rangle (u_i - \mu), \qquad
+        z \leftarrow \frac{a z + (1 - a)\, c / \lVert c \rVert}
+                          {\lVert a z + (1 - a)\, c / \lVert c \rVert \rVert}
+
+    (at t = 0, mu is the round's honest mean and z one power-iteration step from the random start
+    ``z``); the target is the honest slot argmax_i <u_i, z>. A zero c (one honest row, or all
+    equal) leaves z as it was. Returns (mu, z, the target's slot); with no honest row, slot 0
+    (``mimic`` then sends zeros).
+    """
+    a = jnp.asarray(seen, x.dtype) / (jnp.asarray(seen, x.dtype) + 1)
+    mu = a * mu + (1 - a) * _honest_mean(x, honest)
+    centred = jnp.where(honest[:, None], x - mu, 0)
+    c = centred.T @ (centred @ z)
+    c_norm = jnp.linalg.norm(c)
+    step = a * z + (1 - a) * c / jnp.where(c_norm > 0, c_norm, 1)
+    step_norm = jnp.linalg.norm(step)
+    z = jnp.where((c_norm > 0) & (step_norm > 0), step / jnp.where(step_norm > 0, step_norm, 1), z)
+    slot = jnp.argmax(jnp.where(honest, x @ z, -jnp.inf))
+    return mu, z, slot
 
 
 def flip_labels(y: jax.Array, num_classes: int) -> jax.Array:
