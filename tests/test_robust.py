@@ -242,14 +242,20 @@ WRAPPED = {"robust": {"rule": "centered_clipping", "tau": 0.5, "pre": "nnm", "f"
            "byzantine": {"attack": "alie", "count": 3}}
 
 
-def test_cli_resume_is_bit_identical_and_a_grid_over_tau_and_f_is_one_program(tmp_path, capsys):
-    args = CLI + ["--wrappers", json.dumps(WRAPPED)]
+def stopped_and_whole(args, tmp_path):
+    """The round logs (less wall time) of a run stopped at round 2 and resumed to 4, and of the
+    run of 4 rounds that never stopped."""
     half, whole = str(tmp_path / "half"), str(tmp_path / "whole")
     assert main(args + ["--rounds", "2", "--out-dir", half]) == 0
     assert main(args + ["--rounds", "4", "--out-dir", half]) == 0
     assert main(args + ["--rounds", "4", "--out-dir", whole]) == 0
-    logs = [[{k: v for k, v in r.items() if k != "time_s"}
+    return [[{k: v for k, v in r.items() if k != "time_s"}
              for r in read_log(os.path.join(d, "metrics.jsonl"))] for d in (half, whole)]
+
+
+def test_cli_resume_is_bit_identical_and_a_grid_over_tau_and_f_is_one_program(tmp_path, capsys):
+    args = CLI + ["--wrappers", json.dumps(WRAPPED)]
+    logs = stopped_and_whole(args, tmp_path)
     assert logs[0] == logs[1] and all("byzantine_sampled" in r for r in logs[0]
                                       if r["kind"] == "round")
     capsys.readouterr()
@@ -273,12 +279,7 @@ def test_cli_resume_inside_the_mimic_warmup_is_bit_identical(tmp_path):
     at round 2 of a 3-round warm-up and resuming gives the run that never stopped."""
     args = CLI + ["--wrappers", json.dumps({"robust": {"rule": "median"}, "byzantine": {
         "attack": "mimic", "count": 3, "mimic_warmup": 3}})]
-    half, whole = str(tmp_path / "half"), str(tmp_path / "whole")
-    assert main(args + ["--rounds", "2", "--out-dir", half]) == 0
-    assert main(args + ["--rounds", "4", "--out-dir", half]) == 0
-    assert main(args + ["--rounds", "4", "--out-dir", whole]) == 0
-    logs = [[{k: v for k, v in r.items() if k != "time_s"}
-             for r in read_log(os.path.join(d, "metrics.jsonl"))] for d in (half, whole)]
+    logs = stopped_and_whole(args, tmp_path)
     assert logs[0] == logs[1]
     assert [r["mimic_target"] >= 0 for r in logs[0] if r["kind"] == "round"] == [True] * 4
 
