@@ -175,9 +175,10 @@ def byzantine(algorithm: Algorithm, attack: str, *, count: int | None = None,
         mu, z, chosen = attacks.mimic_warmup(x, honest, state.mu, state.z, state.seen)
         warming = state.seen < mimic_warmup
         mu, z = jnp.where(warming, mu, state.mu), jnp.where(warming, z, state.z)
-        target = jnp.where(warming, cohort.ids[chosen], state.target)
-        present = honest & (cohort.ids == target)   # the target, if in this round's cohort; else
-        best = jnp.argmax(jnp.where(honest, x @ z, -jnp.inf))   # the largest projection on z
+        # after the warm-up, z is fixed: the largest projection on it stands in for an absent target
+        best = jnp.where(warming, chosen, jnp.argmax(jnp.where(honest, x @ z, -jnp.inf)))
+        target = jnp.where(warming, cohort.ids[best], state.target)
+        present = honest & (cohort.ids == target)
         slot = jnp.where(present.any(), jnp.argmax(present), best)
         rank = jnp.sum(honest & (jnp.arange(honest.shape[0]) < slot))
         attacked_rows = jax.vmap(unravel)(attacks.mimic(x, cohort.joined, bad, rank))
