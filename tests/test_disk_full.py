@@ -7,6 +7,9 @@ write past it fails with EFBIG instead of killing the process): the checkpoint's
 the growing log, is the file that outgrows it.
 """
 
+import asyncio
+import gc
+import logging
 import os
 import shlex
 import subprocess
@@ -15,7 +18,7 @@ import sys
 import jax
 import pytest
 
-from fljax.runner.checkpoint import Checkpoints
+from fljax.runner.checkpoint import Checkpoints, _ignore_abandoned_writes
 from fljax.runner.cli import main
 from fljax.runner.config import ExperimentConfig
 from tests.test_resume import final_state, records
@@ -84,3 +87,33 @@ def test_a_full_disk_is_one_line_loses_nothing_and_the_resume_is_bit_identical(
     assert all((a == b).all() for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
     assert records(run_dir) == records(uninterrupted)
     assert not [d for d in os.listdir(os.path.join(run_dir, "checkpoints")) if "tmp" in d]
+
+
+def abandoned_task(filename: str) -> None:
+    """A task whose coroutine (compiled as if it lived in ``filename``) fails and is never awaited,
+    then collected: asyncio logs "Task exception was never retrieved", as for a fragment write that
+    orbax abandons once another one has failed."""
+    namespace = {}
+    exec(compile("async def write_fragment():\n    raise ValueError('Failed writing')\n",
+                 filename, "exec"), namespace)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(namespace["write_fragment"]())
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    del task
+    gc.collect()
+
+
+def test_only_the_reports_of_orbax_abandoned_writes_are_dropped(caplog, monkeypatch):
+    """A failed save drops asyncio's reports of orbax's abandoned writes (they would follow the
+    one-line error), and no other task's."""
+    monkeypatch.setattr(logging.getLogger("asyncio"), "filters", [])   # as before any failed save
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    abandoned_task("/site-packages/orbax/checkpoint/_src/serialization/serialization.py")
+    assert [r for r in caplog.records if "never retrieved" in r.getMessage()]   # asyncio reports it
+    caplog.clear()
+    _ignore_abandoned_writes()
+    abandoned_task("/site-packages/orbax/checkpoint/_src/serialization/serialization.py")
+    abandoned_task("/home/researcher/my_algorithm.py")
+    reports = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert len(reports) == 1 and "my_algorithm.py" in reports[0], reports

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+import traceback
 from typing import Any
 
 import jax
@@ -65,6 +66,7 @@ class Checkpoints:
         """Write ``state`` and ``config`` as the checkpoint of ``round_index`` (blocking). A write
         that fails (a full disk) is a one-line FljaxError; orbax wrote into a temporary directory,
         so the older checkpoints are whole (the next start removes what it left)."""
+        _ignore_abandoned_writes()
         try:
             with _quiet():
                 self._manager.save(round_index, args=ocp.args.Composite(
@@ -306,6 +308,32 @@ def _ignore_abandoned_reads() -> None:
 
     hook.ignores_abandoned_reads = True
     sys.unraisablehook = hook
+
+
+def _ignore_abandoned_writes() -> None:
+    """Drop asyncio's reports of the writes orbax abandons when one write of a save fails.
+
+    Orbax writes an array's fragments as concurrent asyncio tasks and stops at the first failure
+    (a full disk); when another fragment fails too, its task is never awaited, and asyncio logs
+    "Task exception was never retrieved" with a traceback whenever the task is collected, possibly
+    after fljax has reported the error. Those records (and only those: an orbax task's) are dropped.
+    """
+    logger = logging.getLogger("asyncio")
+    if any(isinstance(f, _AbandonedOrbaxTask) for f in logger.filters):
+        return
+    logger.addFilter(_AbandonedOrbaxTask())
+
+
+class _AbandonedOrbaxTask(logging.Filter):
+    """Rejects asyncio's "Task exception was never retrieved" records of orbax's tasks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Task exception was never retrieved" not in message:
+            return True
+        raised_in = [frame.filename for frame in traceback.extract_tb(
+            record.exc_info[2] if record.exc_info else None)]
+        return not ("orbax" in message or any("orbax" in name for name in raised_in))
 
 
 @contextlib.contextmanager
