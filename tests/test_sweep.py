@@ -398,6 +398,37 @@ def test_the_tuning_rule_extends_a_grid_past_a_selected_edge_until_it_is_interio
     assert "(grid edge)" in sweep.table(low, results).splitlines()[2]
 
 
+def test_max_extensions_caps_the_rule_and_a_scale_may_raise_it(tmp_path):
+    """Validation accuracy peaks at lr 0.8 on a grid {0.1, 0.2}: with the default cap the rule
+    ends interior (0.4, 0.8, 1.6); with ``max_extensions`` 1 it stops after 0.4 and the table
+    marks the edge; a scale's own value replaces the sweep's; a bad value is one line."""
+    spec = {**GRID_SPEC, "extend": ["lr"], "columns": {"A": GRID_SPEC["columns"]["A"]},
+            "compare": [], "max_extensions": 1, "scales": {"wide": {"max_extensions": 3}}}
+    train = lambda configs: [[{"round": 1, "accuracy": 0.5,
+                               "val_accuracy": 1 - abs(c.lr - 0.8)}] for c in configs]
+
+    def tune(spec, scale):
+        cell_list = sweep.cells(spec, scale, str(tmp_path / str(scale)))
+        results = sweep.run_sweep(cell_list, train)
+        added = []
+        cell_list = sweep.extend_grids(spec, scale, cell_list, results, lambda more: (
+            added.append(sorted({c.config.lr for c in more})), sweep.run_sweep(more, train))[1])
+        assert set(results) == set(cell_list)
+        return added, sweep.table(spec, results).splitlines()[2]
+
+    assert tune({k: v for k, v in spec.items() if k != "max_extensions"}, None) == (
+        [[0.4], [0.8], [1.6]], "| Dir: selected on val_accuracy | lr=0.8 |")
+    assert tune(spec, None) == ([[0.4]], "| Dir: selected on val_accuracy | lr=0.4 (grid edge) |")
+    assert tune(spec, "wide")[0] == [[0.4], [0.8], [1.6]]
+    for bad, where in ((-1, "sweep"), (True, "sweep"), ("8", "sweep scale 'wide'")):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({**spec, "max_extensions": bad} if where == "sweep" else
+                                   {**spec, "scales": {"wide": {"max_extensions": bad}}}))
+        with pytest.raises(FljaxError, match=f"^{where} 'max_extensions' must be an integer "
+                                             f">= 0, got {bad!r}$"):
+            sweep.load_sweep(str(path))
+
+
 def test_a_diverged_point_beyond_the_edge_ends_the_extension(tmp_path):
     spec = {**GRID_SPEC, "extend": ["lr"], "columns": {"A": GRID_SPEC["columns"]["A"]},
             "compare": []}

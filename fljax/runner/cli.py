@@ -364,14 +364,13 @@ def _sweep(argv: list[str]) -> int:
             stage = list(cell_list)
             while stage:
                 results.update(_run_cells(stage, args, spec, where=out_dir))
-                for _ in range(sweep.MAX_EXTENSIONS):      # the tuning rule: no selected edge
-                    more = sweep.extensions(spec, cell_list, results)
-                    if not more:
-                        break
+                def run_extension(more):
                     print(f"extending the grid of {len(more)} runs whose selected value is at "
                           f"its edge", flush=True)
-                    cell_list += more
-                    results.update(_run_cells(more, args, spec))
+                    return _run_cells(more, args, spec)
+
+                cell_list = sweep.extend_grids(spec, args.scale, cell_list, results,
+                                               run_extension)     # the tuning rule
                 stage = sweep.next_stage(spec, args.scale, out_dir, cell_list, results,
                                          transferred, seeds, **changes)   # transfer
                 if stage:

@@ -48,6 +48,9 @@ A sweep file::
      "extend_jointly": true,                         optional: extend the ``extend`` keys
                                                      together, by the selected point's whole
                                                      neighbourhood (below)
+     "max_extensions": 8,                            optional: how many times the rule may
+                                                     extend (default ``MAX_EXTENSIONS``, 4;
+                                                     a scale may set its own)
      "hyperband": {"min_rounds": 10,                 optional: stop a cell's weak grid points
                    "reduction_factor": 3},           early (fljax.runner.hyperband: FedDecay's search;
                                                      a scale may set its own)
@@ -72,9 +75,10 @@ on both sides: the same split, initialization and sampling) and the p-value of a
 The tuning rule (``extend``): a cell whose selected value of an ``extend`` key is the smallest or
 the largest value its grid tried has its grid extended one step beyond that edge, geometrically
 (v_edge^2 / v_neighbour: 0.1, 0.2 -> 0.4; 0.05, 0.02 -> 0.008), and the new point runs for every
-seed; ``extensions`` returns those runs, and ``fljax sweep`` repeats until no selected value sits
-at an edge (at most ``MAX_EXTENSIONS`` times). A point where some seed diverged never wins, so a
-grid ends at the edge of stability. The table marks a selected value still at an edge, and its
+seed; ``extensions`` returns those runs, and ``fljax sweep`` (``extend_grids``) repeats until no
+selected value sits at an edge, at most ``max_extensions`` times (default ``MAX_EXTENSIONS``; a
+selection still at an edge then is marked in the table). A point where some seed diverged never
+wins, so a grid ends at the edge of stability. The table marks a selected value still at an edge, and its
 line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
 ``selection`` score's rise over the last quarter of the rounds (the last evaluation minus the one
 at 75% of the rounds): the evidence that the runs have stopped improving.
@@ -127,7 +131,7 @@ from fljax.runner.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
-              "extend_jointly", "hyperband", "early_termination"}
+              "extend_jointly", "max_extensions", "hyperband", "early_termination"}
 MAX_EXTENSIONS = 4
 SIGNIFICANCE = 0.05     # a table marks a line's best only where its paired t-test gives p below
 BOLD_RULE = (f"Bold: the best of its line, where its paired difference from the runner-up is "
@@ -197,6 +201,10 @@ def load_sweep(path: str) -> dict[str, Any]:
         raise FljaxError(f"sweep 'extend_jointly' must be true or false, got "
                          f"{sweep['extend_jointly']!r}")
     for scale in [None, *sweep.get("scales", {})]:
+        limit = max_extensions(sweep, scale)
+        if not (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0):
+            raise FljaxError(f"sweep {'' if scale is None else f'scale {scale!r} '}"
+                             f"'max_extensions' must be an integer >= 0, got {limit!r}")
         hyperband.check(hyperband_options(sweep, scale))
         early_termination.check(early_termination_options(sweep, scale))
         if hyperband_options(sweep, scale) and early_termination_options(sweep, scale):
@@ -267,7 +275,7 @@ def cells(sweep: dict[str, Any], scale: str | None, out_dir: str,
     overrides = scales.get(scale, {}) if scale is not None else {}
     names = set(sweep["rows"]) | set(sweep["columns"]) | {"base"}
     unknown = sorted(set(overrides) - names - {"target_accuracy", "hyperband",
-                                               "early_termination", "title"})
+                                               "early_termination", "max_extensions", "title"})
     if unknown:
         raise FljaxError(f"scale {scale!r} overrides unknown rows or columns {unknown}")
     result = []
@@ -545,6 +553,29 @@ def run_sweep(cell_list: list[Cell],
                 outcome = [{"round": outcome.round, "diverged": True}]
             results[cell] = outcome
     return results
+
+
+def max_extensions(sweep: dict[str, Any], scale: str | None) -> Any:
+    """How many times the tuning rule may extend a grid at ``scale``: the scale's own
+    ``max_extensions``, else the sweep's, else ``MAX_EXTENSIONS``."""
+    return sweep.get("scales", {}).get(scale, {}).get(
+        "max_extensions", sweep.get("max_extensions", MAX_EXTENSIONS))
+
+
+def extend_grids(sweep: dict[str, Any], scale: str | None, cell_list: list[Cell],
+                 results: dict[Cell, Any], run: Callable[[list[Cell]], dict[Cell, Any]]
+                 ) -> list[Cell]:
+    """The tuning rule's loop: while a cell's selected value of an ``extend`` key sits at its
+    grid's edge, and at most ``max_extensions(sweep, scale)`` times, ``run`` trains the runs
+    ``extensions`` adds and returns their results, which go into ``results``. Returns
+    ``cell_list`` with those runs."""
+    for _ in range(max_extensions(sweep, scale)):
+        more = extensions(sweep, cell_list, results)
+        if not more:
+            break
+        cell_list = cell_list + more
+        results.update(run(more))
+    return cell_list
 
 
 def hyperband_options(sweep: dict[str, Any], scale: str | None) -> dict[str, Any] | None:
