@@ -464,16 +464,16 @@ def test_extending_jointly_finds_the_point_that_one_key_at_a_time_misses(tmp_pat
 
     def search(spec):
         cell_list = sweep.cells(spec, None, str(tmp_path))
-        results, added = sweep.run_sweep(cell_list, train), []
-        for _ in range(sweep.MAX_EXTENSIONS):
-            more = sweep.extensions(spec, cell_list, results)
-            if not more:
-                break
+        results, added, tried = sweep.run_sweep(cell_list, train), [], set()
+
+        def run(more):
             assert len({c.config.out_dir for c in more}) == len(more)
-            assert not {c.setting for c in more} & {c.setting for c in cell_list}
+            assert not {c.setting for c in more} & ({c.setting for c in cell_list} | tried)
+            tried.update(c.setting for c in more)
             added.append(len({c.setting for c in more}))
-            cell_list += more
-            results.update(sweep.run_sweep(more, train))
+            return sweep.run_sweep(more, train)
+
+        cell_list = sweep.extend_grids(spec, None, cell_list, results, run)
         best = dict(sweep.selected(spec, results, "Dir", "P")[0])
         return (round(best["lr"], 6), round(best["algorithm_args.mu"], 6)), added, cell_list
 

@@ -361,14 +361,15 @@ def _sweep(argv: list[str]) -> int:
                        "command again to continue"):
         try:
             results, transferred = {}, {}
+
+            def run_extension(more):
+                print(f"extending the grid of {len(more)} runs whose selected value is at its "
+                      f"edge", flush=True)
+                return _run_cells(more, args, spec)
+
             stage = list(cell_list)
             while stage:
                 results.update(_run_cells(stage, args, spec, where=out_dir))
-                def run_extension(more):
-                    print(f"extending the grid of {len(more)} runs whose selected value is at "
-                          f"its edge", flush=True)
-                    return _run_cells(more, args, spec)
-
                 cell_list = sweep.extend_grids(spec, args.scale, cell_list, results,
                                                run_extension)     # the tuning rule
                 stage = sweep.next_stage(spec, args.scale, out_dir, cell_list, results,

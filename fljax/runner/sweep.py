@@ -76,10 +76,9 @@ The tuning rule (``extend``): a cell whose selected value of an ``extend`` key i
 the largest value its grid tried has its grid extended one step beyond that edge, geometrically
 (v_edge^2 / v_neighbour: 0.1, 0.2 -> 0.4; 0.05, 0.02 -> 0.008), and the new point runs for every
 seed; ``extensions`` returns those runs, and ``fljax sweep`` (``extend_grids``) repeats until no
-selected value sits at an edge, at most ``max_extensions`` times (default ``MAX_EXTENSIONS``; a
-selection still at an edge then is marked in the table). A point where some seed diverged never
-wins, so a grid ends at the edge of stability. The table marks a selected value still at an edge, and its
-line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
+selected value sits at an edge, at most ``max_extensions`` times (default ``MAX_EXTENSIONS``). A
+point where some seed diverged never wins, so a grid ends at the edge of stability. The table marks a selected value still at an edge,
+and its line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
 ``selection`` score's rise over the last quarter of the rounds (the last evaluation minus the one
 at 75% of the rounds): the evidence that the runs have stopped improving.
 
