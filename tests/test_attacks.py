@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fljax.robustness import attacks
+from tests import experiment_script
 
 MASK = np.array([1, 1, 1, 0, 1, 1, 0, 1, 1], bool)
 BYZANTINE = np.array([0, 1, 0, 1, 0, 1, 0, 0, 1], bool)   # slot 3: padding, not a client
@@ -168,3 +169,26 @@ def test_byzantine_ids_has_count_clients_and_is_seeded(num_clients, count):
 def test_byzantine_ids_refuses_more_than_the_population():
     with pytest.raises(ValueError, match="Byzantine"):
         attacks.byzantine_ids(jax.random.key(0), 5, 6)
+
+
+# experiments/byzantine_alie_mechanism.py: its fixed Byzantine set and its gradient formula
+
+def load_mechanism():
+    return experiment_script.load("byzantine_alie_mechanism")
+
+
+def test_alie_mechanism_uses_the_wrappers_byzantine_clients_and_the_true_gradient():
+    mechanism = load_mechanism()
+    drawn = attacks.byzantine_ids(jax.random.PRNGKey(24), 25, 5)   # the json's count 5, seed 24
+    assert tuple(np.flatnonzero(np.asarray(drawn))) == mechanism.BYZANTINE
+    x = np.random.default_rng(1).uniform(size=(60, 784))
+    y = np.arange(60) % 10
+    rows = mechanism.one_class_gradients(x, y, np.random.default_rng(2), clients=3, batch=4)
+    rng = np.random.default_rng(2)                  # the same draws: the classes, then each batch
+    perm = rng.permutation(10)
+    for c in range(3):
+        idx = rng.choice(np.flatnonzero(y == perm[c % 10]), 4, replace=False)
+        assert set(y[idx]) == {perm[c]}             # one class per client
+        loss = lambda w: -jnp.mean(jax.nn.log_softmax(x[idx] @ w)[np.arange(4), y[idx]])
+        expected = jax.grad(loss)(jnp.zeros((784, 10), jnp.float32))
+        np.testing.assert_allclose(rows[c], np.asarray(expected).ravel(), atol=1e-6)

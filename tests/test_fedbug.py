@@ -6,8 +6,6 @@ frozen group gets no gradient, so it is left out of the clip norm, gets no weigh
 term and no momentum, and its momentum buffer starts (buf = d_p) at its first trainable step.
 """
 
-import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +19,7 @@ from fljax.algorithms.fedbug import gradual_unfreezing, unfreeze_factor
 from fljax.algorithms.feddyn import feddyn
 from fljax.algorithms.fedprox import fedprox
 from fljax.errors import FljaxError
+from tests import experiment_script
 from tests.reference import global_norm, mlp_loss_and_grad, tree_map
 from tests.test_drift_corrections import (EPOCHS, REDUCTION_LOCAL, STEPS, assert_close,
                                           assert_equal_to_fedavg, client_row, make_local,
@@ -285,11 +284,7 @@ def test_names():
 # the theory toy (FedBug (Kao and Wang, 2023) section 4, appendix B.6)
 
 def load_toy():
-    path = pathlib.Path(__file__).parents[1] / "experiments" / "fedbug_toy.py"
-    spec = importlib.util.spec_from_file_location("fedbug_toy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return experiment_script.load("fedbug_toy")
 
 
 def test_toy_fedbug_converges_faster_with_a_smaller_contraction_ratio():

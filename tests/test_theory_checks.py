@@ -70,8 +70,6 @@ local iterates, which the round does not expose).
 """
 
 import functools
-import importlib.util
-import pathlib
 
 import flax.linen as nn
 import jax
@@ -88,6 +86,7 @@ from fljax.data.federated import federate
 from fljax.core.engine import make_round
 from fljax.errors import FljaxError
 from fljax.models import from_module
+from tests import experiment_script
 from tests.test_fedga_theory import problem
 
 
@@ -99,11 +98,7 @@ def log_log_slope(x, y):
 # FedBug, Figure 2a
 
 def load_toy():
-    path = pathlib.Path(__file__).parents[1] / "experiments" / "fedbug_toy.py"
-    spec = importlib.util.spec_from_file_location("fedbug_toy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return experiment_script.load("fedbug_toy")
 
 
 TOY = load_toy()
