@@ -12,10 +12,16 @@ seconds (or the coordinator, process 0, cannot be reached), each process left sa
 and exits at once. The checkpoints are whole: orbax commits one only when every process wrote its
 part, so the same commands run again resume from the newest. Ctrl-C on any process stops every
 process after the same round (``agree_to_stop``), with a checkpoint.
+
+At exit the watchdog is halted and joined (``atexit``) before the interpreter finalizes: a daemon
+thread caught there inside a call into ``jax.distributed``'s C++ client is unwound by the
+interpreter and aborts the finished process ("terminate called after throwing an instance of ''
+... exception not rethrown", exit code -6).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
@@ -53,7 +59,9 @@ def start(coordinator_address: str | None, num_processes: int, process_id: int) 
         return
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                heartbeat_timeout_seconds=int(10 * STOPPED_AFTER))
-    Watchdog(num_processes, process_id).start()
+    dog = Watchdog(num_processes, process_id)
+    dog.start()
+    atexit.register(dog.halt)     # runs before the interpreter finalizes its daemon threads
 
 
 def check_devices(num_devices: int) -> None:
@@ -125,7 +133,15 @@ class Watchdog(threading.Thread):
         self._client, self._n, self._me = global_state.client, num_processes, process_id
         self.describe: Callable[[], str] = lambda: "run the same commands again to resume"
         self.failed = False           # this process stops on its own error
+        self._halted = threading.Event()
         Watchdog.current = self
+
+    def halt(self, timeout: float = 5 * BEAT) -> None:
+        """Stop beating and watching, and wait (up to ``timeout`` s) for the thread to return
+        from the store call it may be in (module docstring: why, at exit)."""
+        self._halted.set()
+        if self.is_alive():
+            self.join(timeout)
 
     def partners_alive(self, within: float) -> bool:
         """Whether every partner beats (or finished) within ``within`` seconds; meanwhile this
@@ -157,7 +173,7 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         beats, seen = 0, {p: (None, time.monotonic()) for p in range(self._n) if p != self._me}
         unreachable_since = None
-        while True:
+        while not self._halted.is_set():
             now = time.monotonic()
             try:
                 beats += 1
@@ -184,7 +200,7 @@ class Watchdog(threading.Thread):
                 if now - unreachable_since > STOPPED_AFTER:
                     self.stop(f"process 0 of {self._n} (the coordinator) stopped (unreachable "
                               f"for {STOPPED_AFTER:.0f} s)")
-            time.sleep(BEAT)
+            self._halted.wait(BEAT)
 
     def _get(self, key: str):
         try:
