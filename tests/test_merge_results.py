@@ -77,3 +77,50 @@ def test_a_selection_whose_curves_no_folder_holds_stops_the_merge(tmp_path, caps
     ("", ()), ("order=top_down", (("order", "top_down"),))])
 def test_settings_read_back_as_the_sweep_wrote_them(text, expected):
     assert load_merge().parse_setting(text) == expected
+
+
+def test_rows_run_apart_merge_with_a_gzipped_curves_file(tmp_path):
+    """Two rows of the checked-in Fashion-MNIST Byzantine table (its curves.csv.gz), split into
+    a plain folder and a gzipped one, merge back into the same selections, test accuracies and
+    paired differences (6-digit numbers read back as float32, as logged); only the validation
+    gain of the last quarter may move by 0.01."""
+    import gzip
+
+    merge = load_merge()
+    whole = ROOT / "experiments" / "results" / "evidence_byzantine_fashion_mnist"
+    rows = {"a": "IID no attack", "b": "non-IID label flip"}
+    for folder, row in rows.items():
+        (tmp_path / folder).mkdir()
+        for name in ("runs.csv", "curves.csv"):
+            opened = open(whole / name) if name == "runs.csv" else gzip.open(
+                whole / (name + ".gz"), "rt")
+            with opened as f:
+                lines = f.read().splitlines()
+            text = "\n".join([lines[0]] + [line for line in lines[1:]
+                                           if line.startswith(row + ",")]) + "\n"
+            if folder == "b" and name == "curves.csv":
+                with gzip.open(tmp_path / folder / (name + ".gz"), "wt") as f:
+                    f.write(text)
+            else:
+                (tmp_path / folder / name).write_text(text)
+    sweep_file = ROOT / "experiments" / "evidence_byzantine.json"
+    assert merge.main([str(sweep_file), str(tmp_path / "a"), str(tmp_path / "b"), "--out",
+                       str(tmp_path / "out"), "--scale", "fashion_mnist",
+                       "--rows", *rows.values()]) == 0
+    merged = (tmp_path / "out" / "results.md").read_text().splitlines()
+    checked_in = (whole / "results.md").read_text().splitlines()
+    for row in rows.values():
+        ours = [line for line in merged if line.startswith(f"| {row}")]
+        theirs = [line for line in checked_in if line.startswith(f"| {row}")]
+        assert len(ours) == 3 and [line for line in ours if "gain" not in line] == \
+            [line for line in theirs if "gain" not in line]
+
+    def differences(lines):        # {(pair, row): its paired difference}
+        header = next(line for line in lines if line.startswith("| paired difference"))
+        names = [name.strip(" |") for name in header.split(" | ")[1:]]
+        return {(cells[0].strip("| "), name): value.strip(" |") for line in lines
+                if " - " in line.split(" | ")[0] and line.startswith("| ")
+                for cells in [line.split(" | ")] for name, value in zip(names, cells[1:])}
+
+    ours, theirs = differences(merged), differences(checked_in)
+    assert len(ours) == 2 * 11 and all(ours[key] == theirs[key] for key in ours)
