@@ -22,6 +22,8 @@ import sys
 
 import scipy.stats
 
+from fljax.runner.sweep import mean_std
+
 BOLD_P = 0.01
 
 
@@ -36,11 +38,6 @@ def selected_accuracy(rows: list[dict]) -> dict[tuple[str, str], dict[int, float
             out.setdefault((line["row"], line["column"]), {})[int(line["seed"])] = \
                 100 * float(line["accuracy"])
     return out
-
-
-def mean_std(values) -> str:
-    values = list(values)
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
 def paired(a: dict[int, float] | None, b: dict[int, float] | None) -> str:
@@ -67,9 +64,9 @@ def cost_table(rows: list[dict], attack: str, base: str) -> str:
     for column in columns:
         under, without = accuracy.get((attack, column)), accuracy.get((base, column))
         bucketed = accuracy.get((attack, f"{column} + bucketing"))
-        lines.append(f"| {column} | {mean_std(without.values()) if without else '-'} | "
-                     f"{mean_std(under.values()) if under else '-'} | {paired(under, without)} | "
-                     f"{paired(bucketed, under) if bucketed else '-'} |")
+        lines.append(f"| {column} | {mean_std(list((without or {}).values()))} | "
+                     f"{mean_std(list((under or {}).values()))} | {paired(under, without)} | "
+                     f"{paired(bucketed, under)} |")
     return "\n".join(lines)
 
 
