@@ -93,11 +93,11 @@ def simulate(name, data, seed, rounds):
         idx = np.stack([rng.choice(part, BATCH, replace=False) for part in parts])
         key, sub = jax.random.split(key)
         params, rho, pick = step(params, x_train[idx], y_train[idx], sub)
-        rhos.append(float(rho))
-        picks.append(bool(pick))
+        rhos.append(rho)            # device scalars: read back once, after the last round
+        picks.append(pick)
     logits = model.apply(params, jnp.asarray(data.x_test))
     accuracy = float(jnp.mean(jnp.argmax(logits, -1) == data.y_test)) * 100
-    return np.array(rhos), np.array(picks), accuracy
+    return np.asarray(jnp.stack(rhos)), np.asarray(jnp.stack(picks)), accuracy
 
 
 def main(argv=None):
