@@ -12,7 +12,7 @@ FOLDER = ROOT / "experiments" / "results" / "evidence_byzantine_fashion_mnist"
 PAGE = ROOT / "docs" / "reproductions" / "evidence.md"
 ROWS = ["non-IID mimic (warm-up)", "IID mimic (warm-up)", "non-IID sign flip", "non-IID ALIE",
         "non-IID IPM", "non-IID label flip", "IID sign flip", "non-IID mimic",
-        "IID label flip", "IID mimic", "IID IPM"]
+        "IID label flip", "IID mimic", "IID IPM", "IID ALIE"]
 
 
 def test_the_pages_fashion_mnist_attack_tables_are_the_scripts(capsys):
