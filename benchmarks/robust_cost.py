@@ -22,9 +22,9 @@ jitted function that returns one row of x); inside a compiled round there is non
 one call takes over 1 s get fewer timed rounds (as many as fit in 10 s, at least one).
 
 A cell is skipped, with the reason printed and shown in the table, when its call would take over
-``--cell-limit`` seconds (default 10), estimated from the same rule at the previous m by the
+``--cell-limit`` seconds (default 60), estimated from the same rule at the previous m by the
 least growth its work has in m: m^2 for Krum, Multi-Krum, Bulyan and NNM (the [m, m] distances,
-O(m^2 d); Bulyan's m Krum selections add O(m^3 log m)), m for the others. The estimate leaves out
+O(m^2 d); Bulyan's m Krum selections add O(m^3)), m for the others. The estimate leaves out
 log factors, Bulyan's m^3 term and the cache: a cell that runs can take longer than it says.
 
 Unless ``--no-round``, one more table: the wall time of a whole round of
@@ -56,7 +56,7 @@ MAX_CALLS = 2000       # calls per timed round at most
 REPEATS = 7            # timed rounds per row (--quick: 1)
 HEAVY = 1.0            # a rule whose call takes over this many seconds ...
 HEAVY_BUDGET = 10.0    # ... gets as many timed rounds as fit in this many seconds (at least 1)
-CELL_LIMIT = 10.0      # default --cell-limit: a cell estimated over this many s per call is skipped
+CELL_LIMIT = 60.0      # default --cell-limit: a cell estimated over this many s per call is skipped
 QUADRATIC = ("krum", "multi_krum", "bulyan", "nnm + median")   # O(m^2 d) work (and more)
 REFERENCE = "weighted_mean"
 FLOOR = "jit floor (returns x[0])"

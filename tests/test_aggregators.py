@@ -231,6 +231,27 @@ def test_krum_family_picks_the_planted_honest_cluster():
     assert np.all((got >= honest.min(0)) & (got <= honest.max(0)))
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "ties"])
+def test_distance_rules_on_a_stack_of_many_rows_wider_than_one_distance_chunk(kind):
+    """40 real rows of 600 coordinates (three 256-column distance chunks, the last zero-padded),
+    f = 7: Bulyan's 26 Krum rounds update each row's kept neighbors in place, and its closest-to-
+    the-median window grows over 12 values; "ties": integers with eight equal rows, so every
+    distance, score and sum is exact and a tie is a true tie."""
+    rng = np.random.default_rng(5)
+    if kind == "ties":
+        x = rng.integers(0, 3, (40, 600)).astype(float)
+        x[rng.choice(40, 7, replace=False)] = x[11]
+    else:
+        x = 0.1 * rng.normal(size=(40, 600))
+        x[:6] += 3 * rng.normal(size=600)           # a far group, as Byzantine rows would be
+    x = x.astype(np.float32)
+    stack, mask = with_garbage(x, garbage_at=(0, 17, 42))
+    for name in ["krum_scores", "multi_krum", "bulyan", "nearest_neighbor_mixing"]:
+        got = np.asarray(JITTED[name](stack, mask, 7))
+        got = got[mask] if CASES[name].rowwise else got
+        np.testing.assert_allclose(got, CASES[name].reference(x.astype(np.float64), 7), **TOLERANCE)
+
+
 def test_krum_ties_go_to_the_lowest_index():
     x = np.arange(4, dtype=np.float32)[:, None]       # scores 5, 2, 2, 5
     mask = np.ones(4, bool)
