@@ -22,12 +22,14 @@ from fljax import FljaxError, algorithms
 
 from fljax import privacy
 from fljax.algorithms.dp import update_noise_multiplier
+from fljax.runner import config as config_module
 from fljax.runner.cli import main
 from fljax.population.cohort import server_key
 from fljax.data.federated import federate
 from fljax.core.engine import init_state, make_round
 from tests.reference import client_schedule, global_norm, local_sgd, mlp_loss_and_grad, tree_map
 from tests.test_fedavg_reference import NUM_CLASSES, tiny_problem
+from tests.test_bad_input import snapshot
 from tests.test_runs import compare
 
 LR, STEPS, BATCH, COHORT = 0.3, 3, 4, 3
@@ -302,11 +304,12 @@ def evaluations(run):
     return [r for r in records if r["kind"] == "eval"]
 
 
-def test_cli_dp_run_reports_epsilon_and_resumes_bit_identically(tmp_path):
+def test_cli_dp_run_reports_epsilon_and_resumes_bit_identically(tmp_path, monkeypatch, capsys):
     """--target-epsilon calibrates z for the 6 planned rounds; every evaluation logs the epsilon
     spent, the last at most the target; the same z given as noise_multiplier, stopped at round 2
     and resumed to 6, ends with the same model, accuracies and epsilons. With --target-epsilon
-    the planned rounds cannot change on resume (they set z)."""
+    the planned rounds cannot change on resume (they set z): refused in one line, exit 2, before
+    the noise is calibrated, the run directory unchanged."""
     whole, part = tmp_path / "whole", tmp_path / "part"
     wrappers = ["--wrappers", json.dumps({"dp": ADAPTIVE})]
     done = cli(*DP_RUN, *wrappers, "--target-epsilon", "8", "--rounds", "6",
@@ -330,9 +333,16 @@ def test_cli_dp_run_reports_epsilon_and_resumes_bit_identically(tmp_path):
     theirs = evaluations(part)
     keys = ("round", "epsilon", "accuracy", "loss")
     assert [[e[k] for k in keys] for e in theirs] == [[e[k] for k in keys] for e in ours]
-    longer = cli(*DP_RUN, *wrappers, "--target-epsilon", "8", "--rounds", "8",
-                 "--out-dir", str(whole), cwd=tmp_path)
-    assert longer.returncode == 2 and "target_epsilon" in longer.stderr, longer.stderr
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("the noise was calibrated before the resume was refused")
+
+    monkeypatch.setattr(config_module, "calibrate", no_calibration)
+    before = snapshot(whole)
+    assert main([*DP_RUN, *wrappers, "--target-epsilon", "8", "--rounds", "8",
+                 "--out-dir", str(whole)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "calibrated its DP noise to target_epsilon 8.0 over rounds=6" in err[0]
+    assert snapshot(whole) == before
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -34,6 +34,11 @@ class Damaged(FljaxError):
         self.round = round_index
 
 
+class CalibratedRoundsChanged(FljaxError):
+    """A resume with --target-epsilon whose planned rounds differ from the checkpoint's: the
+    noise of the rounds left would change."""
+
+
 class Checkpoints:
     """The checkpoints of one run directory."""
 
@@ -271,7 +276,7 @@ def check_same_experiment(saved: dict[str, Any], current: dict[str, Any], where:
     saved = resolved_values({**(defaults or {}), **current_names(saved)})
     current = resolved_values(current)
     if current.get("target_epsilon") is not None and saved.get("rounds") != current.get("rounds"):
-        raise FljaxError(f"the checkpoint in {where!r} calibrated its DP noise to target_epsilon "
+        raise CalibratedRoundsChanged(f"the checkpoint in {where!r} calibrated its DP noise to target_epsilon "
                          f"{current['target_epsilon']} over rounds={saved.get('rounds')}; "
                          f"rounds={current.get('rounds')} would change the noise of the rounds "
                          f"left: keep rounds, or give the dp wrapper's noise_multiplier")

@@ -402,7 +402,7 @@ class ExperimentConfig:
         """{'epsilon', 'delta', 'noise_multiplier'} of ``rounds`` rounds of a DP run ({} without
         dp): a function of the round count a checkpoint holds, so a resumed run reports what an
         uninterrupted one does."""
-        args = self.options.wrappers.get("dp")
+        args = self.wrapper_args.get("dp")
         if args is None:
             return {}
         delta = self.delta()
@@ -415,8 +415,23 @@ class ExperimentConfig:
     @functools.cached_property
     def options(self) -> "Options":
         """The JSON-valued fields parsed and checked against the factories they are for (computed
-        once; a bad value is a one-line FljaxError naming it)."""
+        once; a bad value is a one-line FljaxError naming it). With --target-epsilon the dp
+        wrapper's noise_multiplier is not among them yet: ``wrapper_args`` calibrates it."""
         return parse_options(self)
+
+    @functools.cached_property
+    def wrapper_args(self) -> dict[str, dict[str, Any]]:
+        """The wrappers' arguments (``options.wrappers``, in WRAPPERS order) as the run uses
+        them: with --target-epsilon, the dp wrapper's noise_multiplier calibrated so that the
+        planned rounds spend it (``fljax.privacy.calibrate``; computed once, at the first read,
+        so that a bad value or a resume that changes the rounds is refused before it)."""
+        wrappers = self.options.wrappers
+        if self.target_epsilon is None or "dp" not in wrappers:
+            return wrappers
+        z = calibrate(self.target_epsilon, self.rounds, self.delta(),
+                      cohort_size=self.clients_per_round, num_clients=self.users(),
+                      participation=self.participation, accountant_name=self.accountant)
+        return {**wrappers, "dp": {**wrappers["dp"], "noise_multiplier": z}}
 
     def probe_names(self) -> list[str]:
         """The names in ``probes``, in order."""
@@ -447,8 +462,9 @@ class ExperimentConfig:
             return self
         resolved = dataclasses.replace(self, out_dir=self.run_dir(), aggregation=resolved_values(
             {"algorithm": self.algorithm, "aggregation": self.aggregation})["aggregation"])
-        if "options" in self.__dict__:       # parsed already (a DP calibration among them), and
-            resolved.__dict__["options"] = self.options   # neither field changes what they are
+        for parsed in ("options", "wrapper_args"):   # parsed already (wrapper_args: a DP
+            if parsed in self.__dict__:                 # calibration), and neither field
+                resolved.__dict__[parsed] = self.__dict__[parsed]   # changes what they are
         return resolved
 
     def imports(self) -> dict[str, dict[str, str]]:
@@ -590,10 +606,11 @@ PROBE_WORDS = {("switching_criterion", "optimum"): "centralized",
 def parse_options(config: ExperimentConfig) -> Options:
     """Parse the JSON-valued fields of ``config`` and check each against its factory's
     signature (``fljax.runner.arguments``); FljaxError names the first bad one."""
-    def arguments(name: str, factory: Callable, args: dict, what: str, source: str):
+    def arguments(name: str, factory: Callable, args: dict, what: str, source: str,
+                  supplied: tuple[str, ...] = ()):
         parameters = settable(name, factory)
         shared_flags(f"{what} {name!r}", parameters, args, source)
-        check_kwargs(f"{what} {name!r}", parameters, args)
+        check_kwargs(f"{what} {name!r}", parameters, args, supplied)
         return args
 
     algorithm_args = arguments(config.algorithm, registry.lookup("algorithm", config.algorithm),
@@ -621,9 +638,12 @@ def parse_options(config: ExperimentConfig) -> Options:
         if not isinstance(given[name], dict):
             raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
                              f"{given[name]!r}")
-        args = given[name] if name != "dp" else private(config, given[name])
-        wrappers[name] = arguments(name, registry.lookup("wrapper", name), args, "wrapper",
-                                   "--wrappers")
+        if name == "dp":
+            check_private(config, given[name])
+        calibrated = ("noise_multiplier",) if (
+            name == "dp" and config.target_epsilon is not None) else ()
+        wrappers[name] = arguments(name, registry.lookup("wrapper", name), given[name],
+                                   "wrapper", "--wrappers", calibrated)
     factory = server_optimizer_factory(config.server_optimizer)
     server_args = json_object("server_optimizer_args", config.server_optimizer_args)
     if "learning_rate" in server_args:
@@ -700,22 +720,17 @@ def read_trace(path: str) -> list[float]:
     return times
 
 
-def private(config: ExperimentConfig, args: dict) -> dict:
-    """The dp wrapper's arguments, its noise multiplier calibrated to --target-epsilon for the
-    planned rounds if that is set (``fljax.privacy.calibrate``); the accounting settings
-    checked."""
+def check_private(config: ExperimentConfig, args: dict) -> None:
+    """Check the dp wrapper's accounting settings, and that its noise is set once: by its
+    noise_multiplier, or by --target-epsilon (``ExperimentConfig.wrapper_args`` calibrates it)."""
     if config.dp_delta is not None and not 0 < config.dp_delta < 1:
         raise FljaxError(f"dp_delta must be in (0, 1), got {config.dp_delta}")
     accountant(config.accountant, config.participation)
-    if config.target_epsilon is None:
-        return args
-    if "noise_multiplier" in args:
+    if config.target_epsilon is not None and not config.target_epsilon > 0:
+        raise FljaxError(f"target_epsilon must be > 0 and finite, got {config.target_epsilon!r}")
+    if config.target_epsilon is not None and "noise_multiplier" in args:
         raise FljaxError(f"the dp wrapper's noise_multiplier ({args['noise_multiplier']}) and "
                          f"target_epsilon ({config.target_epsilon}) both set the noise; give one")
-    return {**args, "noise_multiplier": calibrate(
-        config.target_epsilon, config.rounds, config.delta(), cohort_size=config.clients_per_round,
-        num_clients=config.users(), participation=config.participation,
-        accountant_name=config.accountant)}
 
 
 def probe_arguments(name: str, factory: Callable, args: dict, what: str) -> None:

@@ -137,7 +137,7 @@ def wrap(algorithm: algorithms.Algorithm, config: ExperimentConfig, model: Model
     ``noise_multiplier`` or --target-epsilon, adaptive clipping's ``target_quantile``, ...; the
     expected cohort is clients_per_round)."""
     value = with_values(config, values)
-    for wrapper, given in config.options.wrappers.items():
+    for wrapper, given in config.wrapper_args.items():
         args = arguments(value, f"wrappers.{wrapper}", given)
         leading = [algorithm]
         if wrapper == "gradual_unfreezing":

@@ -49,7 +49,7 @@ def values(config: ExperimentConfig) -> dict[str, Any]:
                         ("server_optimizer_args", options.server_optimizer_args)):
         flat.update({f"{field}.{k}": v for k, v in args.items()})
         flat[field] = sorted(args)                      # the names given are structure
-    for wrapper, args in options.wrappers.items():
+    for wrapper, args in config.wrapper_args.items():
         flat.update({f"wrappers.{wrapper}.{k}": v for k, v in args.items()})
         flat[f"wrappers.{wrapper}"] = sorted(args)
     return flat

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from fljax import registry
 from fljax.accounting import client_bits
-from fljax.runner.checkpoint import Checkpoints, check_same_experiment
+from fljax.runner.checkpoint import CalibratedRoundsChanged, Checkpoints, check_same_experiment
 from fljax.runner.config import ExperimentConfig
 from fljax.errors import FljaxError, writing
 from fljax.runner.experiment import Batch, Experiment, batch_memory, batch_of, build
@@ -74,10 +74,11 @@ def newest_round(run_dir: str) -> int:
     return max((int(name) for name in names if name.isdigit()), default=0)
 
 
-def rounds_held(config: ExperimentConfig) -> int:
+def rounds_held(config: ExperimentConfig, refuse_new_rounds: bool = False) -> int:
     """The round of the newest checkpoint in ``config``'s run directory, read without changing
     anything there; 0 without one, and for one that is damaged or another experiment's (the run
-    then says what is wrong)."""
+    then says what is wrong). ``refuse_new_rounds``: raise CalibratedRoundsChanged for a
+    --target-epsilon checkpoint planned for other rounds (before the noise is calibrated)."""
     newest = newest_round(config.run_dir())
     if not newest:
         return 0
@@ -88,6 +89,10 @@ def rounds_held(config: ExperimentConfig) -> int:
                                   checkpoints.directory, ExperimentConfig().to_dict())
         finally:
             checkpoints.close()
+    except CalibratedRoundsChanged:
+        if refuse_new_rounds:
+            raise
+        return 0
     except FljaxError:
         return 0
     return newest
@@ -345,6 +350,7 @@ def _run(config: ExperimentConfig, progress: bool, fresh: bool,
          experiment: Experiment | None) -> list[dict[str, Any]]:
     check_devices(config.num_devices)
     if not fresh:
+        rounds_held(config, refuse_new_rounds=True)    # before calibrating the DP noise
         check_rounds([config])     # at once, before the data is read
     experiment = experiment or build(config)
     config = config.resolved()              # what the algorithm leaves unset, filled in
