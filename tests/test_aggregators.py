@@ -192,6 +192,9 @@ def test_traced_f_equals_static_f(name):
     stack, mask = with_garbage(real_rows("gaussian"))
     static = jax.jit(lambda x, mask: CASES[name].run(x, mask, 2))(stack, mask)
     np.testing.assert_allclose(JITTED[name](stack, mask, 2), static, rtol=1e-6, atol=1e-6)
+    # a whole number as a float32, as a traced hyperparameter of a batched run arrives
+    np.testing.assert_allclose(JITTED[name](stack, mask, np.float32(2)), static, rtol=1e-6,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("name", CASES)

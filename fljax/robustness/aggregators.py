@@ -199,15 +199,16 @@ def bulyan(x, mask, f):
     them; the last rounds (|R| down to 2f + 1) have few: one at f = 2, where two mutual nearest
     neighbors tie, none at f = 1, where every row scores 0. Ties: Krum's, the lowest row index
     wins, so the selection can depend on the row order at small f; among values equally distant
-    from the median the smaller is taken first. The selection runs m Krum rounds (m static) on the
+    from the median the smaller is taken first. The selection runs theta Krum rounds on the
     distances computed and sorted once: O(m^2 d + m^3) work.
     """
     n = _count(mask)
-    theta = jnp.asarray(n - 2 * f).astype(jnp.int32)   # f may come as a float
+    theta = jnp.asarray(n - 2 * f).astype(jnp.int32)   # f may come as a float (a whole number)
+    beta = jnp.asarray(theta - 2 * f).astype(jnp.int32)
     selected = _repeated_krum(_squared_distances(x), mask, f, theta)
     values = _sorted_columns(x, selected)
     median = (values[(theta - 1) // 2] + values[theta // 2]) / 2
-    return _sum_closest_to(values, median, theta, theta - 2 * f) / (theta - 2 * f)
+    return _sum_closest_to(values, median, theta, beta) / beta
 
 
 def _repeated_krum(distances, mask, f, count):
