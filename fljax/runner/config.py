@@ -638,10 +638,10 @@ def parse_options(config: ExperimentConfig) -> Options:
         if not isinstance(given[name], dict):
             raise FljaxError(f"wrapper {name!r} takes a JSON object of arguments, got "
                              f"{given[name]!r}")
+        calibrated = ()
         if name == "dp":
             check_private(config, given[name])
-        calibrated = ("noise_multiplier",) if (
-            name == "dp" and config.target_epsilon is not None) else ()
+            calibrated = ("noise_multiplier",) if config.target_epsilon is not None else ()
         wrappers[name] = arguments(name, registry.lookup("wrapper", name), given[name],
                                    "wrapper", "--wrappers", calibrated)
     factory = server_optimizer_factory(config.server_optimizer)

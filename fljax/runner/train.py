@@ -98,10 +98,11 @@ def rounds_held(config: ExperimentConfig, refuse_new_rounds: bool = False) -> in
     return newest
 
 
-def check_rounds(configs: list[ExperimentConfig]) -> None:
+def check_rounds(configs: list[ExperimentConfig], refuse_new_rounds: bool = False) -> None:
     """RoundsHeld naming the runs of ``configs`` whose directory holds a checkpoint past their
-    ``rounds`` (before anything is built, trained or written)."""
-    held = [(c.run_dir(), rounds_held(c), c.rounds) for c in configs]
+    ``rounds`` (before anything is built, trained or written); ``refuse_new_rounds`` as in
+    ``rounds_held``."""
+    held = [(c.run_dir(), rounds_held(c, refuse_new_rounds), c.rounds) for c in configs]
     past = [run for run in held if run[1] > run[2]]
     if past:
         raise RoundsHeld(past)
@@ -350,8 +351,8 @@ def _run(config: ExperimentConfig, progress: bool, fresh: bool,
          experiment: Experiment | None) -> list[dict[str, Any]]:
     check_devices(config.num_devices)
     if not fresh:
-        rounds_held(config, refuse_new_rounds=True)    # before calibrating the DP noise
-        check_rounds([config])     # at once, before the data is read
+        check_rounds([config], refuse_new_rounds=True)  # at once, before the data is read and
+                                                        # the DP noise calibrated
     experiment = experiment or build(config)
     config = config.resolved()              # what the algorithm leaves unset, filled in
     primary = is_primary()
