@@ -248,6 +248,26 @@ def client_parts(config: ExperimentConfig, dataset: Dataset):
     return kept, held, parts, users
 
 
+def experiment_dataset(config: ExperimentConfig, shared: dict) -> tuple[Dataset, tuple]:
+    """(dataset, source): the dataset a validated config trains on (with FedInit's shared class
+    noise) and the key it is kept under in ``shared``, loaded once per key (runs of a batch that
+    differ in nothing the data depends on share it)."""
+    noisy = config.client_noise > 0 or config.class_noise > 0
+    user_split = ((config.user_val_fraction, config.user_test_fraction)
+                  if loaders.splits_users(config.dataset) and config.user_test_fraction > 0
+                  else None)
+    source = (config.dataset, config.data_dir, config.num_clients,
+              config.seed if loaders.depends_on_seed(config.dataset) or noisy else None,
+              config.client_noise, config.class_noise, config.class_noise_reading, user_split,
+              config.sample_users)
+    if ("dataset", source) not in shared:
+        shared["dataset", source] = with_class_noise(loaders.load_dataset(
+            config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
+            seed=config.seed, user_split=user_split, download=config.download,
+            sample_users=config.sample_users), config)
+    return shared["dataset", source], source
+
+
 def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = None,
           shared: dict | None = None) -> Experiment:
     """Load and split the data, build model, algorithm, round function and evaluator.
@@ -267,20 +287,7 @@ def build(config: ExperimentConfig, algorithm: algorithms.Algorithm | None = Non
         config, algorithm = config.replace(algorithm=registry.importable_path(algorithm)), None
     config = config.validate().resolved()
     shared = {} if shared is None else shared
-    noisy = config.client_noise > 0 or config.class_noise > 0
-    user_split = ((config.user_val_fraction, config.user_test_fraction)
-                  if loaders.splits_users(config.dataset) and config.user_test_fraction > 0
-                  else None)
-    source = (config.dataset, config.data_dir, config.num_clients,
-              config.seed if loaders.depends_on_seed(config.dataset) or noisy else None,
-              config.client_noise, config.class_noise, config.class_noise_reading, user_split,
-              config.sample_users)
-    if ("dataset", source) not in shared:
-        shared["dataset", source] = with_class_noise(loaders.load_dataset(
-            config.dataset, data_dir=config.data_dir, num_clients=config.num_clients,
-            seed=config.seed, user_split=user_split, download=config.download,
-            sample_users=config.sample_users), config)
-    dataset = shared["dataset", source]
+    dataset, source = experiment_dataset(config, shared)
     _, held, parts, users = client_parts(config, dataset)
     validation = None
     if held is not None:
