@@ -8,7 +8,8 @@ trained in another call of ``fljax sweep`` is the same run. This script is for a
 columns or grid points ran in separate calls: for example a grid extension under the tuning rule
 that trained only the new points, or a set of columns run on to more rounds.
 
-It reads each folder's ``runs.csv`` (every run's last evaluation) and ``curves.csv`` (every
+It reads each folder's ``runs.csv`` (every run's reported evaluation: its last, or
+with the sweep's ``best_round`` its best round's) and ``curves.csv`` (every
 evaluation of the selected points' runs), either of them gzipped or not (a checked-in results
 folder keeps a large ``curves.csv.gz``). A run found in two folders must have the same numbers
 in both; otherwise the script stops. It then makes the selection again over all the runs, as
@@ -79,7 +80,7 @@ def open_csv(folder: str, name: str):
 
 
 def read_folder(folder: str) -> tuple[dict, dict]:
-    """({run key: its last evaluation}, {run key: all its evaluations}) of one folder, in its
+    """({run key: its reported evaluation}, {run key: all its evaluations}) of one folder, in its
     order; a run key is (row, column, setting, seed)."""
     def key(record):
         return (record["row"], record["column"], parse_setting(record["setting"]),
@@ -114,7 +115,7 @@ def merged_runs(folders: list[str]) -> tuple[dict, dict]:
 
 def results_of(spec: dict, last: dict, curves: dict) -> dict:
     """``{Cell: evaluations}`` as ``fljax sweep`` holds them: the whole curve where a folder has
-    it, else the last evaluation (enough to select on)."""
+    it, else the reported evaluation (enough to select on)."""
     results = {}
     for (row, column, setting, seed), final in last.items():
         if row in spec["rows"] and column in spec["columns"]:
@@ -137,7 +138,7 @@ def check_selection(spec: dict, results: dict, row: str, column: str, curves: di
         if (cell.row, cell.column) == (row, column):
             by_point.setdefault(cell.setting, []).append(evals)
     if len(by_point) > 1:
-        means = sorted(statistics.mean(e[-1].get(key, 0.0) for e in point_runs)
+        means = sorted(statistics.mean(sweeps.reported(spec, e).get(key, 0.0) for e in point_runs)
                        for point_runs in by_point.values()
                        if not any(sweeps.stopped(e) for e in point_runs))
         if len(means) > 1 and abs(means[-1] - means[-2]) < 1e-6:

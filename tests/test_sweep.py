@@ -509,6 +509,37 @@ def test_results_csv_has_every_run_and_the_selected_curves(tmp_path):
         ("1", 0.21, 0.8)
 
 
+def test_best_round_selects_extends_and_writes_runs_csv_at_the_same_evaluation(tmp_path):
+    """With ``best_round``, lr 0.1 has the best best-round validation score (0.9 at round 1)
+    and lr 0.2 the best last one (0.7 > 0.5): the table, the tuning rule's extension (past 0.1,
+    to 0.05), a transfer and runs.csv's selected flag and numbers all take the best round."""
+    import csv
+    import io
+
+    spec = {**GRID_SPEC, "columns": {"A": GRID_SPEC["columns"]["A"],
+                                     "T": {"algorithm": "fedavg",
+                                           "transfer": {"from": "A", "keys": ["lr"]}}},
+            "compare": [], "best_round": "val_accuracy", "extend": ["lr"]}
+    train = lambda configs: [[{"round": 1, "accuracy": 0.3, "val_accuracy":
+                               {0.05: 0.6, 0.1: 0.9, 0.2: 0.4}[c.lr]},
+                              {"round": 2, "accuracy": 0.5, "val_accuracy":
+                               {0.05: 0.5, 0.1: 0.5, 0.2: 0.7}[c.lr]}] for c in configs]
+    cell_list = sweep.cells(spec, None, str(tmp_path))
+    results = sweep.run_sweep(cell_list, train)
+    assert sweep.table(spec, results).splitlines()[2] == \
+        "| Dir: selected on val_accuracy | lr=0.1 (grid edge) | - |"
+    assert sweep.transfers(spec, cell_list, results) == {("Dir", "T"): {"lr": 0.1}}
+    more = sweep.extensions(spec, cell_list, results)
+    assert {c.config.lr for c in more} == {0.05} and len(more) == 3
+    runs = list(csv.DictReader(io.StringIO(sweep.results_csv(spec, results)[0])))
+    chosen = [r for r in runs if r["selected"] == "1"]
+    assert {r["setting"] for r in chosen} == {"lr=0.1"}
+    assert {(r["round"], r["val_accuracy"]) for r in chosen} == {("1", "0.9")}
+    results.update(sweep.run_sweep(more, train))
+    assert sweep.table(spec, results).splitlines()[2] == \
+        "| Dir: selected on val_accuracy | lr=0.1 | - |"
+
+
 def test_a_sweep_restricted_to_columns_keeps_their_comparisons(tmp_path):
     spec = {**GRID_SPEC, "columns": {**GRID_SPEC["columns"], "B": {"algorithm": "fedavg"}},
             "compare": [["P", "A"], ["B", "A"]], "cost_relative_to": "B"}

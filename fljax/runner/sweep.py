@@ -225,6 +225,14 @@ def at_best_round(evaluations: list[dict[str, Any]], key: str) -> list[dict[str,
     return evaluations[:best + 1]
 
 
+def reported(sweep: dict[str, Any], evaluations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluation a run counts by: its last, or with the sweep's ``best_round`` its best
+    round's (``at_best_round``)."""
+    if "best_round" in sweep:
+        evaluations = at_best_round(evaluations, sweep["best_round"])
+    return evaluations[-1]
+
+
 def grid_points(grid: dict[str, list]) -> list[tuple]:
     """Every point of ``grid`` ({key: [values]}) as ((key, value), ...), keys in order."""
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
@@ -597,8 +605,11 @@ def stopped(evaluations: list[dict[str, Any]]) -> bool:
 
 def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
              column: str) -> tuple[tuple, list[list]]:
-    """(the grid point of the cell with the best mean final ``selection`` score over seeds, the
-    evaluations of that point's runs, by seed order). Without a grid: ((), every run)."""
+    """(the grid point of the cell with the best mean ``selection`` score over seeds, the
+    evaluations of that point's runs, by seed order). Without a grid: ((), every run). A run's
+    score is that of its reported evaluation (``reported``: its last, or with ``best_round`` its
+    best round's), so the table, the tuning rule's extensions, ``runs.csv``'s selected flag and
+    a transfer all select the same point."""
     runs: dict[tuple, list] = {}
     for cell, evals in results.items():
         if cell.row == row and cell.column == column and evals:
@@ -617,7 +628,7 @@ def selected(sweep: dict[str, Any], results: dict[Cell, list], row: str,
     def score(setting):      # a point with a diverged seed, or stopped early, never wins
         if any(stopped(e) for _, e in runs[setting]):
             return float("-inf")
-        finals = [e[-1] for _, e in runs[setting]]
+        finals = [reported(sweep, e) for _, e in runs[setting]]
         return statistics.mean(f.get(key, 0.0) for f in finals)
 
     best = max(runs, key=score)
@@ -834,8 +845,8 @@ def logged_keys(sweep: dict[str, Any]) -> list[str]:
 
 
 def results_csv(sweep: dict[str, Any], results: dict[Cell, list]) -> tuple[str, str]:
-    """Two small CSV texts for reports: ``runs`` (every run's last evaluation: row, column,
-    setting, seed, whether its grid point is the selected one, round, diverged, the
+    """Two small CSV texts for reports: ``runs`` (every run's reported evaluation, ``reported``:
+    row, column, setting, seed, whether its grid point is the selected one, round, diverged, the
     ``logged_keys``) and ``curves`` (every evaluation of the selected points' runs)."""
     keys = logged_keys(sweep)
     header = ["row", "column", "setting", "seed", "selected", "round", "diverged", *keys]
@@ -850,7 +861,7 @@ def results_csv(sweep: dict[str, Any], results: dict[Cell, list]) -> tuple[str, 
             best = chosen[cell.row, cell.column] == cell.setting
             if every and not best:
                 continue
-            for e in (evals if every else evals[-1:]):
+            for e in (evals if every else [reported(sweep, evals)]):
                 writer.writerow([cell.row, cell.column,
                                  "; ".join(f"{k}={v}" for k, v in cell.setting), cell.seed,
                                  int(best), e.get("round"), int(bool(e.get("diverged"))),
