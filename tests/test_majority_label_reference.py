@@ -5,6 +5,7 @@ import json
 import statistics
 
 import numpy as np
+import scipy.stats
 
 from fljax.data import loaders
 from fljax.data.users import split_users
@@ -31,7 +32,14 @@ def test_majority_accuracy_takes_the_smallest_label_on_a_tie():
 def test_reference_equals_a_per_user_count_on_the_runs_splits(tmp_path, capsys):
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(SWEEP))
-    assert reference.main([str(path), "--seeds", "0-1"]) == 0
+    folder = tmp_path / "results"
+    folder.mkdir()
+    accuracy = {0: 0.5, 1: 0.75}              # a column's selected runs, one per seed
+    folder.joinpath("runs.csv").write_text(
+        "row,column,setting,seed,selected,existing_test_acc,new_test_acc\n"
+        + "".join(f"users,FedAvg,lr=0.1,{seed},1,{acc},\n" for seed, acc in accuracy.items())
+        + "users,FedAvg,lr=0.2,0,0,0.99,\npooled,FedAvg,lr=0.1,0,1,0.99,\n")
+    assert reference.main([str(path), "--seeds", "0-1", "--results", str(folder)]) == 0
     printed = capsys.readouterr().out
     dataset = loaders.load_dataset("synthetic_1_1")
     for group in ("existing", "new"):
@@ -52,6 +60,12 @@ def test_reference_equals_a_per_user_count_on_the_runs_splits(tmp_path, capsys):
             per_seed.append(statistics.fmean(scores))
         expected = f"{statistics.mean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"
         assert f"{group} users: {expected}" in printed
+        if group == "existing":            # paired by seed with the selected runs
+            diff = [100 * accuracy[s] - per_seed[s] for s in (0, 1)]
+            p = scipy.stats.ttest_1samp(diff, 0.0).pvalue
+            assert (f"    FedAvg − reference: {statistics.mean(diff):+.2f} ± "
+                    f"{statistics.stdev(diff):.2f} (p = {p:.2g}, n = 2)") in printed
+    assert printed.count("− reference") == 1   # no new-user scores in the file: no line
 
 
 def test_a_row_without_per_user_evaluation_is_refused_in_one_line(tmp_path, capsys):
@@ -60,3 +74,6 @@ def test_a_row_without_per_user_evaluation_is_refused_in_one_line(tmp_path, caps
     assert reference.main([str(path), "--row", "pooled"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "user_test_fraction is 0" in error
+    assert reference.main([str(path), "--results", str(tmp_path / "none")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "holds no runs.csv" in error
