@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         first = {}
         for cell in cells(sweep, args.scale, "unused", seeds=seeds, rows=[row]):
             first.setdefault(cell.seed, cell.config)
-        per_seed = dict((seed, reference(config)) for seed, config in sorted(first.items()))
+        per_seed = {seed: reference(config) for seed, config in sorted(first.items())}
         scores = {group: selected_scores(args.results, row, group)
                   for group in ("existing", "new")} if args.results else {}
     except FljaxError as e:
