@@ -429,6 +429,39 @@ def test_max_extensions_caps_the_rule_and_a_scale_may_raise_it(tmp_path):
             sweep.load_sweep(str(path))
 
 
+def test_bounds_stop_the_extension_at_the_bound_and_a_selection_there_is_no_edge(tmp_path):
+    """FedDecay's beta lies in [0, 1]: from a grid {0.2, 0.6} whose score rises with beta, the
+    rule's next step, 0.6^2 / 0.2 = 1.8, is clipped to the bound 1; beta 1 selected is no grid
+    edge and nothing more is added. Without bounds the step is 1.8. A bad bound is one line."""
+    spec = {**GRID_SPEC, "extend": ["lr", "algorithm_args.mu"], "compare": [],
+            "bounds": {"algorithm_args.mu": [0, 1]},
+            "columns": {"P": {"algorithm": "fedprox",
+                              "grid": {"lr": [0.1], "algorithm_args.mu": [0.2, 0.6]}}}}
+    train = lambda configs: [[{"round": 1, "accuracy": 0.5, "val_accuracy":
+                               json.loads(c.algorithm_args)["mu"]}] for c in configs]
+    mu = lambda cells: sorted({json.loads(c.config.algorithm_args)["mu"] for c in cells})
+
+    def tune(spec):
+        cell_list = sweep.cells(spec, None, str(tmp_path))
+        results, added = sweep.run_sweep(cell_list, train), []
+        sweep.extend_grids(spec, None, cell_list, results, lambda more: (
+            added.append(mu(more)), sweep.run_sweep(more, train))[1])
+        return added, sweep.table(spec, results).splitlines()[2]
+
+    assert tune(spec) == ([[1]], "| Dir: selected on val_accuracy | lr=0.1, mu=1 |")
+    unbounded = {k: v for k, v in spec.items() if k != "bounds"}
+    assert tune({**unbounded, "max_extensions": 1}) == (
+        [[1.8]], "| Dir: selected on val_accuracy | lr=0.1, mu=1.8 (grid edge) |")
+    for bad in ({"algorithm_args.mu": [1, 0]}, {"algorithm_args.mu": [0]},
+                {"momentum": [0, 1]}):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({**spec, "bounds": bad}))
+        with pytest.raises(FljaxError, match=r"^sweep 'bounds' must map an 'extend' key "
+                                             r"\(\['lr', 'algorithm_args.mu'\]\) to \[low, high\] "
+                                             r"with low < high, got '"):
+            sweep.load_sweep(str(path))
+
+
 def test_a_diverged_point_beyond_the_edge_ends_the_extension(tmp_path):
     spec = {**GRID_SPEC, "extend": ["lr"], "columns": {"A": GRID_SPEC["columns"]["A"]},
             "compare": []}

@@ -45,6 +45,8 @@ A sweep file::
      "extend": ["lr"],                               optional: grid keys whose selected value
                                                      may not sit at the grid's edge (the
                                                      tuning rule, below)
+     "bounds": {"algorithm_args.beta": [0, 1]},      optional: the values an ``extend`` key
+                                                     may take; a step past a bound stops at it
      "extend_jointly": true,                         optional: extend the ``extend`` keys
                                                      together, by the selected point's whole
                                                      neighbourhood (below)
@@ -75,7 +77,9 @@ on both sides: the same split, initialization and sampling) and the p-value of a
 The tuning rule (``extend``): a cell whose selected value of an ``extend`` key is the smallest or
 the largest value its grid tried has its grid extended one step beyond that edge, geometrically
 (v_edge^2 / v_neighbour: 0.1, 0.2 -> 0.4; 0.05, 0.02 -> 0.008), and the new point runs for every
-seed; ``extensions`` returns those runs, and ``fljax sweep`` (``extend_grids``) repeats until no
+seed; a key with ``"bounds"`` [low, high] (FedDecay's beta lies in [0, 1]) steps at most to its
+bound, and a selected value at its bound is no edge (nothing lies beyond it to try);
+``extensions`` returns those runs, and ``fljax sweep`` (``extend_grids``) repeats until no
 selected value sits at an edge, at most ``max_extensions`` times (default ``MAX_EXTENSIONS``). A
 point where some seed diverged never wins, so a grid ends at the edge of stability. The table marks a selected value still at an edge,
 and its line "val gain, last 25%" gives, at the selected point, the mean +- std over seeds of the
@@ -115,6 +119,7 @@ import csv
 import io
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -130,7 +135,7 @@ from fljax.runner.train import Diverged, to_target
 
 SWEEP_KEYS = {"title", "base", "rows", "columns", "seeds", "target_accuracy", "scales", "notes",
               "metrics", "selection", "compare", "best_round", "cost_relative_to", "extend",
-              "extend_jointly", "max_extensions", "hyperband", "early_termination"}
+              "bounds", "extend_jointly", "max_extensions", "hyperband", "early_termination"}
 MAX_EXTENSIONS = 4
 SIGNIFICANCE = 0.05     # a table marks a line's best only where its paired t-test gives p below
 BOLD_RULE = (f"Bold: the best of its line, where its paired difference from the runner-up is "
@@ -196,6 +201,12 @@ def load_sweep(path: str) -> dict[str, Any]:
     extend = sweep.get("extend", [])
     if not (isinstance(extend, list) and all(isinstance(k, str) for k in extend)):
         raise FljaxError(f"sweep 'extend' must be a list of grid keys, got {extend!r}")
+    for key, bound in sweep.get("bounds", {}).items():
+        if not (key in extend and isinstance(bound, list) and len(bound) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bound)
+                and bound[0] < bound[1]):
+            raise FljaxError(f"sweep 'bounds' must map an 'extend' key ({extend}) to "
+                             f"[low, high] with low < high, got {key!r}: {bound!r}")
     if not isinstance(sweep.get("extend_jointly", False), bool):
         raise FljaxError(f"sweep 'extend_jointly' must be true or false, got "
                          f"{sweep['extend_jointly']!r}")
@@ -639,7 +650,8 @@ def extensions(sweep: dict[str, Any], cell_list: list[Cell],
                results: dict[Cell, list]) -> list[Cell]:
     """The runs the tuning rule adds: for each (row, column) whose selected value of an
     ``extend`` key is the smallest or largest of the (positive) values its grid tried, the runs of
-    the next value beyond that edge, v_edge^2 / v_neighbour, at the selected point's other values
+    the next value beyond that edge, v_edge^2 / v_neighbour (clipped to the key's ``bounds``;
+    none where the edge is the bound), at the selected point's other values
     and with every seed of the cell. With ``extend_jointly``: the runs of every untried point of
     the selected point's neighbourhood, the product over the ``extend`` keys of {the value tried
     below, the selected value, the value tried above} (past an edge: v_edge^2 / v_neighbour)."""
@@ -653,9 +665,11 @@ def extensions(sweep: dict[str, Any], cell_list: list[Cell],
         choices = {}                  # extend key -> the values its neighbourhood takes
         for key in sweep.get("extend", []):
             tried = sorted({dict(c.setting)[key] for c in members if key in dict(c.setting)})
+            low, high = sweep.get("bounds", {}).get(key, (-math.inf, math.inf))
             if len(tried) < 2 or key not in best or tried[0] <= 0:
                 continue
-            choices[key] = neighbours(tried, best[key], all_of_them=jointly)
+            choices[key] = [min(max(v, low), high)
+                            for v in neighbours(tried, best[key], all_of_them=jointly)]
         if not choices:
             continue
         if jointly:
@@ -663,7 +677,7 @@ def extensions(sweep: dict[str, Any], cell_list: list[Cell],
                       for values in itertools.product(*choices.values())]
         else:
             points = [dict(best, **{key: value}) for key, values in choices.items()
-                      for value in values]
+                      for value in values if value != best[key]]
         tried_points = {c.setting for c in members}
         template = [c for c in members if dict(c.setting) == best]
         for point in points:
@@ -699,12 +713,14 @@ def at_setting(cell: Cell, setting: tuple) -> Cell:
 
 def at_edge(sweep: dict[str, Any], results: dict[Cell, list], row: str, column: str,
             setting: tuple) -> bool:
-    """Whether a value of an ``extend`` key in ``setting`` is an edge of the values tried."""
+    """Whether a value of an ``extend`` key in ``setting`` is an edge of the values tried (a
+    value at the key's ``bounds`` is not: nothing lies beyond it)."""
     for key, value in setting:
         if key in sweep.get("extend", []):
             tried = {dict(c.setting).get(key) for c in results
                      if (c.row, c.column) == (row, column)}
-            if len(tried) > 1 and value in (min(tried), max(tried)):
+            bound = sweep.get("bounds", {}).get(key, ())
+            if len(tried) > 1 and value in (min(tried), max(tried)) and value not in bound:
                 return True
     return False
 
