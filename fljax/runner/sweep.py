@@ -665,9 +665,9 @@ def extensions(sweep: dict[str, Any], cell_list: list[Cell],
         choices = {}                  # extend key -> the values its neighbourhood takes
         for key in sweep.get("extend", []):
             tried = sorted({dict(c.setting)[key] for c in members if key in dict(c.setting)})
-            low, high = sweep.get("bounds", {}).get(key, (-math.inf, math.inf))
             if len(tried) < 2 or key not in best or tried[0] <= 0:
                 continue
+            low, high = sweep.get("bounds", {}).get(key, (-math.inf, math.inf))
             choices[key] = [min(max(v, low), high)
                             for v in neighbours(tried, best[key], all_of_them=jointly)]
         if not choices:
