@@ -460,6 +460,10 @@ def test_bounds_stop_the_extension_at_the_bound_and_a_selection_there_is_no_edge
                                              r"\(\['lr', 'algorithm_args.mu'\]\) to \[low, high\] "
                                              r"with low < high, got '"):
             sweep.load_sweep(str(path))
+    path.write_text(json.dumps({**spec, "bounds": [0, 1]}))
+    with pytest.raises(FljaxError, match=r"^sweep 'bounds' must be an object \{extend key: "
+                                         r"\[low, high\]\}, got \[0, 1\]$"):
+        sweep.load_sweep(str(path))
 
 
 def test_a_diverged_point_beyond_the_edge_ends_the_extension(tmp_path):

@@ -201,6 +201,9 @@ def load_sweep(path: str) -> dict[str, Any]:
     extend = sweep.get("extend", [])
     if not (isinstance(extend, list) and all(isinstance(k, str) for k in extend)):
         raise FljaxError(f"sweep 'extend' must be a list of grid keys, got {extend!r}")
+    if not isinstance(sweep.get("bounds", {}), dict):
+        raise FljaxError(f"sweep 'bounds' must be an object {{extend key: [low, high]}}, got "
+                         f"{sweep['bounds']!r}")
     for key, bound in sweep.get("bounds", {}).items():
         if not (key in extend and isinstance(bound, list) and len(bound) == 2
                 and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bound)
